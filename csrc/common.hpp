@@ -1,0 +1,36 @@
+// Shared helpers for the tokenmill kernels: integer-exact arithmetic and span aliases.
+// Kernels never see Python; argument checks that need an error message live in bindings.cpp.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <span>
+#include <stdexcept>
+#include <string>
+
+namespace tokenmill {
+
+// Integer ceil-div for non-negative operands (never routed through float).
+constexpr int64_t ceil_div(int64_t numerator, int64_t denominator) {
+  return (numerator + denominator - 1) / denominator;
+}
+
+// Multiplication that refuses to wrap around instead of silently overflowing.
+inline int64_t checked_mul(int64_t a, int64_t b, const char* what) {
+  int64_t result = 0;
+  if (__builtin_mul_overflow(a, b, &result)) {
+    throw std::overflow_error(std::string(what) + " overflows int64");
+  }
+  return result;
+}
+
+// Number of worker threads to use for `items` units of work, at most `requested`.
+inline int threads_for(int requested, int64_t items, int64_t min_items_per_thread) {
+  if (requested < 1) requested = 1;
+  const int64_t useful = items / (min_items_per_thread > 0 ? min_items_per_thread : 1);
+  if (useful < requested) requested = static_cast<int>(useful < 1 ? 1 : useful);
+  return requested;
+}
+
+}  // namespace tokenmill

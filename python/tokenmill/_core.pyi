@@ -1,0 +1,39 @@
+"""Typed stub of tokenmill's compiled kernels (private; use the package API)."""
+
+import numpy as np
+import numpy.typing as npt
+
+def shuffle_like_numpy(values: npt.NDArray[np.integer], seed: int) -> None: ...
+def sum_selected_lengths(sizes: npt.NDArray[np.int32], indices: npt.NDArray[np.int32]) -> int: ...
+def build_sample_index(
+    sizes: npt.NDArray[np.int32],
+    document_index: npt.NDArray[np.int32],
+    sequence_length: int,
+    extra_token: int,
+    sample_index: npt.NDArray[np.integer],
+    num_threads: int = 1,
+) -> None: ...
+def build_gpt_indices(
+    sizes: npt.NDArray[np.int32],
+    indices: npt.NDArray[np.int32],
+    seed: int,
+    num_epochs: int,
+    separate_final_epoch: bool,
+    shuffle_split: int,
+    sequence_length: int,
+    extra_token: int,
+    document_index: npt.NDArray[np.int32],
+    sample_index: npt.NDArray[np.integer],
+    shuffle_index: npt.NDArray[np.integer],
+    num_threads: int = 1,
+) -> None: ...
+def build_blending_indices(
+    weights: npt.NDArray[np.float64],
+    dataset_index: npt.NDArray[np.integer],
+    dataset_sample_index: npt.NDArray[np.int64],
+) -> None: ...
+def build_exhaustive_blending_indices(
+    sizes: npt.NDArray[np.int64],
+    dataset_index: npt.NDArray[np.integer],
+    dataset_sample_index: npt.NDArray[np.int64],
+) -> None: ...

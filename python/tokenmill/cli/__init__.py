@@ -1,0 +1,1 @@
+"""The ``tokenmill`` command line."""

@@ -1,0 +1,49 @@
+"""Entry point of the ``tokenmill`` console script.
+
+Subcommands register themselves in ``_SUBCOMMANDS``; each module adds its parser and a handler.
+Heavy imports happen inside the handlers so ``tokenmill --help`` stays instant.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+
+import tokenmill
+
+Handler = Callable[[argparse.Namespace], int]
+Registrar = Callable[["argparse._SubParsersAction[argparse.ArgumentParser]"], None]
+
+
+def _subcommand_registrars() -> list[Registrar]:
+    from tokenmill.cli import demo
+
+    return [demo.register]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="tokenmill",
+        description="tokenmill: token shards, Megatron-exact indices and fast sample serving "
+        "for LLM pre-training.",
+    )
+    parser.add_argument("--version", action="version", version=f"tokenmill {tokenmill.__version__}")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for register in _subcommand_registrars():
+        register(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    handler: Handler | None = getattr(args, "handler", None)
+    if handler is None:
+        parser.print_help()
+        return 0
+    return handler(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

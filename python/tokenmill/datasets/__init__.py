@@ -1,0 +1,1 @@
+"""Map-style and iterable datasets (the Megatron-compatible API lives here)."""

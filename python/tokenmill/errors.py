@@ -1,0 +1,20 @@
+"""Exception types raised by tokenmill.
+
+Every error names the file, field and value it is about. The types derive from the builtin
+exception a caller would expect (ValueError for bad data, RuntimeError for cache problems), so
+``except ValueError`` keeps working for code written against megatron-core.
+"""
+
+from __future__ import annotations
+
+
+class TokenmillError(Exception):
+    """Base class of tokenmill's own exceptions."""
+
+
+class DataFormatError(TokenmillError, ValueError):
+    """A file on disk does not match its format (bad magic, version, size or contents)."""
+
+
+class CacheError(TokenmillError, RuntimeError):
+    """An index cache is unusable: truncated, foreign, or inconsistent with its description."""

@@ -1,0 +1,1 @@
+"""Who reads which sample: rank and worker arithmetic, distributed coordination."""

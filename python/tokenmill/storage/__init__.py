@@ -1,0 +1,1 @@
+"""Where bytes come from: local files and mmaps (object storage follows)."""
