@@ -21,7 +21,15 @@ _EXPORTS: dict[str, str] = {
     "CacheError": "tokenmill.errors",
 }
 
-__all__ = ["__version__", *sorted(_EXPORTS)]
+__all__ = [
+    "CacheError",
+    "DType",
+    "DataFormatError",
+    "IndexedDataset",
+    "IndexedDatasetBuilder",
+    "TokenmillError",
+    "__version__",
+]
 
 if TYPE_CHECKING:
     from tokenmill.errors import CacheError, DataFormatError, TokenmillError

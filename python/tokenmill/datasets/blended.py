@@ -1,0 +1,213 @@
+"""BlendedDataset: megatron-core's weighted blend of mid-level datasets, bit for bit.
+
+Sample i of a blend is sample `dataset_sample_index[i]` of member `dataset_index[i]`. With a
+size, the two arrays come from the greedy rule (the member furthest below its weighted share
+takes the next sample, first one on ties); with size None every member contributes exactly
+`weights[d]` samples (the exhaustive rule). Both kernels are C++ and bit-identical to
+megatron-core's (see `tokenmill.index.blending`).
+
+Cache: only when `config.path_to_cache` is set, under megatron-core's names
+(`<md5>-BlendedDataset-<split>-{description.txt,dataset_index.npy,dataset_sample_index.npy}`),
+written atomically under a lock and validated on every hit (see `tokenmill.index.cache`).
+`dataset_index` is int16 (megatron-core) below 32 767 members and int32 beyond.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from tokenmill.datasets.config import BlendedMegatronDatasetConfig
+from tokenmill.datasets.megatron_dataset import describe
+from tokenmill.datasets.utils import normalize
+from tokenmill.errors import CacheError
+from tokenmill.index.blending import (
+    MAX_INT16_DATASETS,
+    build_blending_indices,
+    build_exhaustive_blending_indices,
+)
+from tokenmill.index.cache import ArraySpec, IndexCache
+from tokenmill.loading.distributed import is_cache_builder
+
+__all__ = ["BlendedDataset"]
+
+logger = logging.getLogger(__name__)
+
+_ARRAY_NAMES = ("dataset_index", "dataset_sample_index")
+
+
+class BlendedDataset:
+    """megatron-core's BlendedDataset (same constructor, arrays, samples and cache).
+
+    Args:
+        datasets: the members, all of one class and one split.
+        weights: blend weights (normalised when `size` is given), or per-member sample counts
+            when `size` is None.
+        size: samples to draw, or None to draw exactly `weights[d]` from member d.
+        config: the dataset config.
+
+    Raises:
+        ValueError: for inconsistent members or weights.
+        IndexError: when the blend asks a member for more samples than it has.
+    """
+
+    def __init__(
+        self,
+        datasets: Sequence[Any],
+        weights: Sequence[int | float],
+        size: int | None,
+        config: BlendedMegatronDatasetConfig,
+    ) -> None:
+        if len(datasets) == 0:
+            raise ValueError("a BlendedDataset needs at least one dataset")
+        if len(datasets) != len(weights):
+            raise ValueError(
+                f"got {len(datasets)} datasets but {len(weights)} weights; they must match"
+            )
+        first = datasets[0]
+        for number, dataset in enumerate(datasets):
+            if type(dataset) is not type(first):
+                raise ValueError(
+                    f"dataset {number} is a {type(dataset).__name__}, dataset 0 a "
+                    f"{type(first).__name__}: a blend holds one class"
+                )
+            if dataset.index_split != first.index_split:
+                raise ValueError(
+                    f"dataset {number} is from split {dataset.index_split.name}, dataset 0 "
+                    f"from {first.index_split.name}: a blend holds one split"
+                )
+        for number, weight in enumerate(weights):
+            if not weight > 0:
+                raise ValueError(f"weights[{number}] must be > 0, got {weight}")
+            if type(weight) is not type(weights[0]):
+                raise ValueError("weights must all have one type (all int or all float)")
+        if size is None and isinstance(weights[0], float):
+            for number, weight in enumerate(weights):
+                if weight != int(weight):
+                    raise ValueError(
+                        f"weights[{number}] = {weight}: without a size, weights are sample "
+                        "counts and must be whole numbers"
+                    )
+        if size is not None and size < 0:
+            raise ValueError(f"size must be >= 0 or None, got {size}")
+        if len(datasets) == 1:
+            logger.info("building a BlendedDataset of a single dataset")
+
+        self.datasets = list(datasets)
+        self.split = first.index_split
+        self.weights: list[Any] = normalize(weights) if size is not None else list(weights)
+        self.size = size
+        self.config = config
+
+        identifiers: OrderedDict[str, Any] = OrderedDict()
+        identifiers["class"] = type(self).__name__
+        identifiers["datasets"] = [dataset.unique_identifiers for dataset in self.datasets]
+        identifiers["split"] = self.split.name
+        identifiers["weights"] = self.weights
+        identifiers["size"] = self.size
+        self.unique_identifiers = identifiers
+        self.unique_description, self.unique_description_hash = describe(identifiers)
+
+        self._cache: IndexCache | None = None
+        if config.path_to_cache:
+            self._cache = IndexCache.create(
+                config.path_to_cache,
+                self.unique_description_hash,
+                type(self).__name__,
+                self.split.name,
+                self.unique_description,
+                _ARRAY_NAMES,
+            )
+        self.dataset_index: npt.NDArray[Any] | None
+        self.dataset_sample_index: npt.NDArray[Any] | None
+        self.dataset_index, self.dataset_sample_index = self._build_indices()
+
+    # -- indices -----------------------------------------------------------------------------
+
+    def _total(self) -> int:
+        return int(self.size) if self.size is not None else int(sum(self.weights))
+
+    def _specs(self) -> dict[str, ArraySpec]:
+        index_dtype = np.int16 if len(self.datasets) < MAX_INT16_DATASETS else np.int32
+        length = (self._total(),)
+        return {
+            "dataset_index": ArraySpec((np.dtype(index_dtype),), length),
+            "dataset_sample_index": ArraySpec((np.dtype(np.int64),), length),
+        }
+
+    def _compute(self) -> dict[str, npt.NDArray[Any]]:
+        started = time.perf_counter()
+        if self.size is not None:
+            dataset_index, dataset_sample_index = build_blending_indices(self.weights, self.size)
+        else:
+            dataset_index, dataset_sample_index = build_exhaustive_blending_indices(
+                [int(weight) for weight in self.weights]
+            )
+        self._check_oversampling(dataset_index)
+        logger.info(
+            "built BlendedDataset %s indices: %d samples from %d datasets, %.3f s",
+            self.split.name,
+            dataset_index.shape[0],
+            len(self.datasets),
+            time.perf_counter() - started,
+        )
+        return {"dataset_index": dataset_index, "dataset_sample_index": dataset_sample_index}
+
+    def _check_oversampling(self, dataset_index: npt.NDArray[np.integer]) -> None:
+        counts = np.bincount(dataset_index, minlength=len(self.datasets))
+        for number, count in enumerate(counts.tolist()):
+            available = len(self.datasets[number])
+            if count > available:
+                dataset = self.datasets[number]
+                raise IndexError(
+                    f"The {self.split.name} blend oversamples dataset {number} "
+                    f"({type(dataset).__name__} {getattr(dataset, 'dataset_path', None)}): it "
+                    f"asks for {count} samples but the dataset has {available}. Increase "
+                    "mid_level_dataset_surplus (currently "
+                    f"{self.config.mid_level_dataset_surplus}), e.g. two- or ten-fold."
+                )
+
+    def _build_indices(self) -> tuple[Any, Any]:
+        if self.config.defer_npy_index_mmap:
+            return None, None
+        if self._cache is None:
+            arrays = self._compute()
+        else:
+            arrays, _ = self._cache.load_or_build(
+                self._compute,
+                self._specs(),
+                may_build=is_cache_builder(getattr(self.config, "cache_build_scope", "global")),
+                trust_presence=self.config.fast_cache_load,
+            )
+        return arrays["dataset_index"], arrays["dataset_sample_index"]
+
+    def _load_deferred(self) -> None:
+        assert self._cache is not None
+        arrays, problems = self._cache.load(
+            self._specs(), check_description=not self.config.fast_cache_load
+        )
+        if arrays is None:
+            raise CacheError("deferred blend cache is unusable: " + "; ".join(problems))
+        self.dataset_index = arrays["dataset_index"]
+        self.dataset_sample_index = arrays["dataset_sample_index"]
+
+    # -- access ------------------------------------------------------------------------------
+
+    def __len__(self) -> int:
+        if self.dataset_index is None:
+            return self._total()
+        return int(self.dataset_index.shape[0])
+
+    def __getitem__(self, idx: int) -> dict[str, Any]:
+        if self.dataset_index is None:
+            self._load_deferred()
+        assert self.dataset_index is not None and self.dataset_sample_index is not None
+        dataset_id = self.dataset_index[idx]
+        dataset_sample_id = self.dataset_sample_index[idx]
+        return {"dataset_id": dataset_id, **self.datasets[dataset_id][dataset_sample_id]}

@@ -1,0 +1,324 @@
+"""BlendedMegatronDatasetBuilder: megatron-core's train/valid/test construction, exactly.
+
+For each split the builder returns None (empty split), a mid-level dataset (one prefix without
+weights), a BlendedDataset (several prefixes), or, for `multiple_validation_sets`, a list of
+validation datasets. Weighted blends ask every member for
+`ceil(ceil(size * w) * (1 + mid_level_dataset_surplus))` samples and blend
+`sum_d ceil(size * w_d)`; unweighted blends build one epoch of each member and blend
+`min(size, total)` samples, or all of them when the size is None.
+
+Ranks: under torch.distributed the cache-building ranks (global rank 0, or every node's first
+rank with `cache_build_scope="node"`) construct each dataset first, then a barrier, then the
+other ranks construct it and hit the cache. Ranks where `is_built_on_rank()` is False get None
+but join every barrier, so no rank hangs.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+
+from tokenmill.datasets.blended import BlendedDataset
+from tokenmill.datasets.config import BlendedMegatronDatasetConfig, GPTDatasetConfig
+from tokenmill.datasets.utils import (
+    Split,
+    SplitMatrix,
+    get_size_per_split_per_dataset,
+    normalize,
+    split_bounds,
+)
+from tokenmill.loading import distributed
+
+__all__ = ["BlendedMegatronDatasetBuilder"]
+
+logger = logging.getLogger(__name__)
+
+
+def _sum_or_zero(values: Sequence[Any]) -> int:
+    return int(sum(values))
+
+
+class BlendedMegatronDatasetBuilder:
+    """Build the [train, valid, test] datasets of a config (megatron-core's builder).
+
+    Args:
+        cls: the mid-level dataset class (GPTDataset, MockGPTDataset, ...).
+        sizes: samples per split, each an int or None.
+        is_built_on_rank: returns whether this rank needs the datasets.
+        config: the dataset config.
+    """
+
+    def __init__(
+        self,
+        cls: type[Any],
+        sizes: Sequence[int | None],
+        is_built_on_rank: Callable[[], bool],
+        config: BlendedMegatronDatasetConfig,
+    ) -> None:
+        if len(sizes) != len(Split):
+            raise ValueError(f"sizes must have {len(Split)} entries, got {list(sizes)}")
+        self.cls = cls
+        self.sizes = list(sizes)
+        self.is_built_on_rank = is_built_on_rank
+        self.config = config
+        logger.info("building %s splits with sizes=%s", cls.__name__, self.sizes)
+        if not config.mock:
+            for split in Split:
+                if self.sizes[split.value] is not None:
+                    continue
+                if config.blend_per_split is None:
+                    assert config.blend is not None
+                    weights = config.blend[1]
+                else:
+                    blend = config.blend_per_split[split.value]
+                    if blend is None:
+                        continue
+                    weights = blend[1]
+                if weights is not None:
+                    raise ValueError(
+                        f"the {split.name} split has weights but no size: weighted blends need a "
+                        "size (with multiple_validation_sets, give validation blends no weights)"
+                    )
+
+    # -- rank coordination -------------------------------------------------------------------
+
+    def _scope(self) -> str:
+        return str(getattr(self.config, "cache_build_scope", "global"))
+
+    def _fast_cache_load(self) -> bool:
+        return isinstance(self.config, GPTDatasetConfig) and self.config.fast_cache_load
+
+    @staticmethod
+    def build_generic_dataset(
+        cls: Callable[..., Any],
+        is_built_on_rank: Callable[[], bool],
+        synchronize_ranks: bool,
+        *args: Any,
+        scope: str = "global",
+    ) -> Any:
+        """Construct `cls(*args)`: builders first, a barrier, then the other ranks.
+
+        Returns None on ranks where `is_built_on_rank()` is False (under torch.distributed).
+        """
+        if not distributed.is_initialized():
+            return cls(*args)
+        builder = distributed.is_cache_builder(scope)
+        dataset = None
+        if builder and is_built_on_rank():
+            try:
+                dataset = cls(*args)
+            except OSError as error:
+                raise RuntimeError(
+                    "failed to write dataset indices to the cache directory: set path_to_cache "
+                    f"to a directory this job can write ({error})"
+                ) from error
+        if synchronize_ranks:
+            distributed.barrier()
+        if not builder and is_built_on_rank():
+            dataset = cls(*args)
+        return dataset
+
+    # -- public ------------------------------------------------------------------------------
+
+    def build(self) -> list[Any]:
+        """Build every split; see the module docstring for the cases.
+
+        Must be called on every rank when torch.distributed is initialised.
+        """
+        datasets = self._build_blended_dataset_splits()
+        for split, dataset in zip(Split, datasets):
+            if dataset is None or isinstance(dataset, list) or len(dataset) == 0:
+                continue
+            if isinstance(dataset, BlendedDataset):
+                if dataset.size is not None and dataset.size != len(dataset):
+                    raise RuntimeError(
+                        f"{split.name} blend has {len(dataset)} samples, expected {dataset.size}"
+                    )
+            elif getattr(dataset, "num_samples", None) is not None and dataset.num_samples > len(
+                dataset
+            ):
+                raise RuntimeError(
+                    f"{split.name} dataset has {len(dataset)} samples, fewer than the "
+                    f"{dataset.num_samples} requested"
+                )
+        return datasets
+
+    # -- splits ------------------------------------------------------------------------------
+
+    def _build_blended_dataset_splits(self) -> list[Any]:
+        config = self.config
+        if config.mock:
+            assert config.split_matrix is not None
+            try:
+                return self._build_megatron_dataset_splits(None, config.split_matrix, self.sizes)
+            except Exception as error:
+                raise RuntimeError(
+                    f"{self.cls.__name__} failed to build as a mock data generator"
+                ) from error
+        if config.blend:
+            prefixes, weights = config.blend
+            assert config.split_matrix is not None
+            return self._build_blend(list(prefixes), weights, config.split_matrix, self.sizes)
+
+        assert config.blend_per_split is not None
+        results: list[Any] = [None] * len(Split)
+        for i in range(len(Split)):
+            blend = config.blend_per_split[i]
+            if blend is None:
+                continue
+            spoof_split: SplitMatrix = [None] * len(Split)
+            spoof_split[i] = (0.0, 1.0)
+            spoof_sizes: list[int | None] = [0] * len(Split)
+            spoof_sizes[i] = self.sizes[i]
+            prefixes, weights = list(blend[0]), blend[1]
+            if len(prefixes) == 1:
+                results[i] = self._build_megatron_dataset_splits(
+                    prefixes[0], spoof_split, spoof_sizes
+                )[i]
+                continue
+            if config.multiple_validation_sets and i == Split.valid.value:
+                if config.full_validation and spoof_sizes[i] is not None:
+                    raise ValueError("full_validation needs the validation size to be None")
+                results[i] = [
+                    self._build_megatron_dataset_splits(prefix, spoof_split, spoof_sizes)[i]
+                    for prefix in prefixes
+                ]
+                continue
+            results[i] = self._build_blend(prefixes, weights, spoof_split, spoof_sizes)[i]
+        return results
+
+    def _build_blend(
+        self,
+        prefixes: list[str],
+        weights: Sequence[float] | None,
+        split: SplitMatrix,
+        sizes: Sequence[int | None],
+    ) -> list[Any]:
+        """Mid-level datasets for every prefix, then one BlendedDataset per split."""
+        normalized = normalize(weights) if weights is not None else None
+        if len(prefixes) == 1 and normalized is None:
+            return self._build_megatron_dataset_splits(prefixes[0], split, sizes)
+        if normalized is None:
+            per_dataset: list[list[int | None]] = [[None] * len(Split) for _ in prefixes]
+            targets: list[list[int]] | None = None
+        else:
+            targets = get_size_per_split_per_dataset(normalized, sizes)
+            buffered = get_size_per_split_per_dataset(
+                normalized, sizes, surplus=self.config.mid_level_dataset_surplus
+            )
+            per_dataset = [list(row) for row in buffered]
+        members = self._build_megatron_datasets_parallel(prefixes, split, per_dataset)
+
+        blended: list[Any] = [None] * len(Split)
+        for i in range(len(Split)):
+            if split[i] is None:
+                continue
+            blend_weights: list[Any]
+            size: int | None
+            if normalized is not None and sizes[i] is not None:
+                assert targets is not None
+                blend_weights = list(normalized)
+                size = _sum_or_zero([row[i] for row in targets])
+            elif normalized is None:
+                try:
+                    blend_weights = [len(member) for member in members[i]]
+                except TypeError:  # members are None on ranks that do not build
+                    blend_weights = [0 for _ in prefixes]
+                size = None if sizes[i] is None else min(int(sizes[i]), sum(blend_weights))  # type: ignore[arg-type]
+            else:
+                raise ValueError("weighted blends need a size for every non-empty split")
+            blended[i] = self.build_generic_dataset(
+                BlendedDataset,
+                self.is_built_on_rank,
+                not self._fast_cache_load(),
+                members[i],
+                blend_weights,
+                size,
+                self.config,
+                scope=self._scope(),
+            )
+        return blended
+
+    def _build_megatron_datasets_parallel(
+        self,
+        prefixes: list[str],
+        split: SplitMatrix,
+        sizes_per_dataset: list[list[int | None]],
+    ) -> list[list[Any]]:
+        """Mid-level datasets of every prefix, per split, built on a thread pool."""
+
+        def build_all(threads: int) -> list[list[Any]]:
+            by_split: list[list[Any]] = [[] for _ in Split]
+            with ThreadPoolExecutor(max_workers=threads) as executor:
+                futures = [
+                    executor.submit(
+                        self._build_megatron_dataset_splits,
+                        prefix,
+                        split,
+                        sizes_per_dataset[number],
+                        False,
+                    )
+                    for number, prefix in enumerate(prefixes)
+                ]
+                for future in futures:
+                    for i, dataset in enumerate(future.result()):
+                        by_split[i].append(dataset)
+            return by_split
+
+        threads = self.config.num_dataset_builder_threads
+        if distributed.is_initialized() and not self._fast_cache_load():
+            builder = distributed.is_cache_builder(self._scope())
+            result: list[list[Any]] | None = build_all(threads) if builder else None
+            distributed.barrier()
+            if result is None:
+                result = build_all(threads)
+            return result
+        return build_all(threads)
+
+    def _build_megatron_dataset_splits(
+        self,
+        dataset_path: str | None,
+        split: SplitMatrix,
+        sizes: Sequence[int | None],
+        synchronize_ranks: bool = True,
+    ) -> list[Any]:
+        """Every split of one low-level dataset."""
+        if self._fast_cache_load():
+            synchronize_ranks = False
+        if distributed.is_initialized() and not self.is_built_on_rank():
+            for bookends in split:
+                if bookends is not None and synchronize_ranks:
+                    distributed.barrier()
+            return [None] * len(Split)
+
+        low_level = self.cls.build_low_level_dataset(dataset_path, self.config)
+        num_elements = self.cls.numel_low_level_dataset(low_level)
+        datasets: list[Any] = []
+        for i, split_name in enumerate(Split):
+            bookends = split[i]
+            if bookends is None:
+                datasets.append(None)
+                continue
+            indices = None
+            if not self._fast_cache_load():
+                begin, end = split_bounds(bookends, num_elements)
+                indices = np.arange(begin, end, dtype=np.int32)
+            datasets.append(
+                self.build_generic_dataset(
+                    self.cls,
+                    self.is_built_on_rank,
+                    synchronize_ranks,
+                    low_level,
+                    dataset_path,
+                    indices,
+                    sizes[i],
+                    split_name,
+                    self.config,
+                    scope=self._scope(),
+                )
+            )
+        return datasets

@@ -1,0 +1,232 @@
+"""Dataset configs with megatron-core 0.19's fields, defaults and validation.
+
+`BlendedMegatronDatasetConfig` and `GPTDatasetConfig` accept exactly the arguments megatron-core
+accepts and derive `split_matrix`, `mock` and `token_dtype_code` the same way, so a trainer can
+switch its import. Where megatron-core asserts, tokenmill raises ValueError naming the field and
+value. tokenmill's own additions come last, have defaults that keep megatron's behaviour, and
+are not part of any cache key:
+
+* `cache_build_scope`: "global" (megatron: global rank 0 builds missing index caches) or "node"
+  (the first rank of every node builds, for caches on node-local disks).
+* `exact_sample_count`: megatron computes the sample count of a split that keeps its partial last
+  sample (valid with `drop_last_partial_validation_sequence=False`) in single precision, which can
+  add one bogus sample above 2^24 tokens. False (default) reproduces that; True counts exactly.
+* `index_build_threads`: threads for the C++ index build (results never depend on it).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from tokenmill.datasets.utils import (
+    Blend,
+    Split,
+    SplitMatrix,
+    convert_split_vector_to_split_matrix,
+    parse_and_normalize_split,
+)
+
+__all__ = ["BlendedMegatronDatasetConfig", "GPTDatasetConfig"]
+
+logger = logging.getLogger(__name__)
+
+_UINT16_CARDINALITY = 1 << 16
+
+
+def _check_blend(blend: Any, field_name: str) -> None:
+    if blend is None:
+        return
+    if not isinstance(blend, (tuple, list)) or len(blend) != 2:
+        raise ValueError(f"{field_name} must be a (prefixes, weights or None) pair, got {blend!r}")
+    prefixes, weights = blend
+    if isinstance(prefixes, str) or not prefixes:
+        raise ValueError(f"{field_name} prefixes must be a non-empty list, got {prefixes!r}")
+    if weights is not None and len(weights) != len(prefixes):
+        raise ValueError(
+            f"{field_name} prefixes and weights must be equal in number, got {len(prefixes)} "
+            f"prefixes and {len(weights)} weights"
+        )
+
+
+@dataclass
+class BlendedMegatronDatasetConfig:
+    """Configuration of Megatron-style datasets (megatron-core's fields and defaults)."""
+
+    random_seed: int
+    """The seed of every random draw during dataset creation."""
+
+    sequence_length: int
+    """The sequence length."""
+
+    blend: Blend | None = None
+    """(prefixes, weights or None); weights None means each dataset contributes one epoch."""
+
+    blend_per_split: list[Blend | None] | None = None
+    """One blend per split (train, valid, test); excludes `blend` and `split`."""
+
+    multiple_validation_sets: bool | None = None
+    """Treat the validation blend as separate datasets (blend_per_split only)."""
+
+    full_validation: bool | None = None
+    """Run a full epoch of every validation set (sizes must then be None)."""
+
+    split: str | None = None
+    """Split string such as "969,30,1" (with `blend`)."""
+
+    split_matrix: SplitMatrix | None = field(init=False, default=None)
+    """Book-ends of each split, derived from `split`."""
+
+    num_dataset_builder_threads: int = 1
+    """Threads that build the datasets of a blend."""
+
+    path_to_cache: str | None = None
+    """Directory of the cached index arrays."""
+
+    mmap_bin_files: bool = True
+    """Memory-map the .bin files (False: read them with plain file reads)."""
+
+    mock: bool = field(init=False, default=False)
+    """Derived: True when neither blend nor blend_per_split is given."""
+
+    tokenizer: Any = None
+    """Tokenizer object with megatron's attributes (vocab_size, eod, unique_identifiers, ...)."""
+
+    mid_level_dataset_surplus: float = 0.005
+    """Extra fraction of samples built per member of a weighted blend."""
+
+    allow_ambiguous_pad_tokens: bool | None = False
+    """Keep masking a pad id that collides with another special token."""
+
+    fast_cache_load: bool = False
+    """Assume every cache is built and skip the checks that prove it."""
+
+    defer_npy_index_mmap: bool = False
+    """Map the cached index arrays only on first access."""
+
+    def __post_init__(self) -> None:
+        if self.sequence_length is None or int(self.sequence_length) < 1:
+            raise ValueError(f"sequence_length must be >= 1, got {self.sequence_length!r}")
+        if self.random_seed is None or not 0 <= int(self.random_seed) < 2**32:
+            raise ValueError(f"random_seed must be in [0, 2**32), got {self.random_seed!r}")
+        if self.mid_level_dataset_surplus < 0:
+            raise ValueError(
+                f"mid_level_dataset_surplus must be >= 0, got {self.mid_level_dataset_surplus}"
+            )
+        if self.num_dataset_builder_threads < 1:
+            raise ValueError(
+                f"num_dataset_builder_threads must be >= 1, got {self.num_dataset_builder_threads}"
+            )
+        if self.fast_cache_load:
+            if self.path_to_cache is None:
+                raise ValueError("fast_cache_load requires path_to_cache")
+            if self.blend is not None:
+                raise ValueError(
+                    "fast_cache_load cannot be used with blend; use blend_per_split instead"
+                )
+        if self.defer_npy_index_mmap and self.path_to_cache is None:
+            raise ValueError("defer_npy_index_mmap requires path_to_cache")
+
+        if self.blend_per_split is not None and any(self.blend_per_split):
+            if self.blend is not None:
+                raise ValueError("blend and blend_per_split are incompatible")
+            if self.split is not None:
+                raise ValueError("split and blend_per_split are incompatible")
+            if len(self.blend_per_split) != len(Split):
+                raise ValueError(
+                    f"blend_per_split must contain {len(Split)} blends, "
+                    f"got {len(self.blend_per_split)}"
+                )
+            for split in Split:
+                _check_blend(self.blend_per_split[split.value], f"blend_per_split[{split.name}]")
+        else:
+            if self.blend is not None:
+                _check_blend(self.blend, "blend")
+                if self.split is None:
+                    raise ValueError("split must be provided when blend is not None")
+            else:
+                self.mock = True
+                self.split = "1,1,1"
+                logger.info("mock = True and split = '1,1,1': neither blend nor blend_per_split")
+            self.split_matrix = convert_split_vector_to_split_matrix(
+                parse_and_normalize_split(self.split)
+            )
+
+
+@dataclass
+class GPTDatasetConfig(BlendedMegatronDatasetConfig):
+    """Configuration of GPT datasets (megatron-core's fields and defaults, then tokenmill's)."""
+
+    reset_position_ids: bool | None = None
+    """Restart position ids after every EOD token."""
+
+    reset_attention_mask: bool | None = None
+    """Stop attention across EOD tokens (in the dense mask)."""
+
+    eod_mask_loss: bool | None = None
+    """Zero the loss on EOD tokens."""
+
+    create_attention_mask: bool = True
+    """Return the dense [1, S, S] mask (costly: prefer cu_seqlens)."""
+
+    drop_last_partial_validation_sequence: bool = True
+    """Drop the final partial sample of the validation split."""
+
+    add_extra_token_to_sequence: bool = True
+    """Read sequence_length + 1 tokens so inputs and labels both have sequence_length."""
+
+    object_storage_cache_path: str | None = None
+    """Local directory for indices of object-storage datasets."""
+
+    data_parallel_size: int = 1
+    """Data-parallel size (megatron parallelism field)."""
+
+    sequence_parallel_size: int = 0
+    """Sequence-parallel size, 0 when disabled (megatron parallelism field)."""
+
+    hybrid_context_parallel: bool = False
+    """Hybrid context parallelism (megatron parallelism field)."""
+
+    sequences_per_dataset: dict[str, Any] | None = None
+    """Per-prefix (sequence_count, document_count), letting readers skip the .idx header."""
+
+    token_dtype_code: int | None = field(init=False, default=None)
+    """Derived: 8 (uint16) when vocab_size <= 65536, else 4 (int32); None without a vocab."""
+
+    context_parallel_size: int | None = None
+    """Context-parallel size (megatron parallelism field)."""
+
+    inter_document_masking: bool = False
+    """Return cu_seqlens / max_seqlen marking document boundaries instead of a dense mask."""
+
+    cache_build_scope: str = "global"
+    """tokenmill: "global" (rank 0 builds caches) or "node" (each node's first rank builds)."""
+
+    exact_sample_count: bool = False
+    """tokenmill: count partial-sample splits exactly instead of megatron's float32 ceil."""
+
+    index_build_threads: int | None = None
+    """tokenmill: threads for the C++ index build (None: up to 4; results never change)."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.tokenizer is None:
+            raise ValueError("GPTDatasetConfig needs a tokenizer (vocab_size, eod, ...)")
+        for name in ("reset_position_ids", "reset_attention_mask", "eod_mask_loss"):
+            if getattr(self, name) is None:
+                raise ValueError(f"{name} must be set to True or False, got None")
+        if self.cache_build_scope not in ("global", "node"):
+            raise ValueError(
+                f"cache_build_scope must be 'global' or 'node', got {self.cache_build_scope!r}"
+            )
+        if self.index_build_threads is not None and self.index_build_threads < 1:
+            raise ValueError(f"index_build_threads must be >= 1, got {self.index_build_threads}")
+        vocab_size = getattr(self.tokenizer, "vocab_size", None)
+        self.token_dtype_code = (
+            None if vocab_size is None else (4 if vocab_size > _UINT16_CARDINALITY else 8)
+        )
+        if self.sequences_per_dataset is not None and self.token_dtype_code is None:
+            raise ValueError(
+                "sequences_per_dataset needs the tokenizer's vocab_size to know the token dtype"
+            )

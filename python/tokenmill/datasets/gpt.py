@@ -1,0 +1,450 @@
+"""GPTDataset: megatron-core's GPT dataset, bit for bit, with indices built in C++.
+
+Sample k of a GPTDataset is `sequence_length + extra` consecutive tokens (extra = 1 by
+default, shared with the next sample) of the split's documents concatenated in a shuffled
+order, taken at the position the shuffle index maps k to. Three arrays say where:
+
+* document_index [E * N] int32: the split's N document ids repeated over E epochs, shuffled;
+* sample_index [n + 1, 2] int32/int64: (position in document_index, token offset) where each
+  sample starts (row k + 1 is where sample k ends);
+* shuffle_index [n] uint32/int64: the order in which samples are served.
+
+Given the same IndexedDataset, config and seed, the arrays and every `__getitem__` output equal
+megatron-core 0.19's. The arrays are built once by one C++ call (see `tokenmill.index.gpt_index`)
+and cached under megatron-core's file names; see `tokenmill.index.cache` for what tokenmill adds
+(atomic writes, a lock, validation of every hit).
+
+`__getitem__` returns the same keys, dtypes and values as megatron-core, but the tensors are
+never shared between samples (megatron-core returns one cached attention_mask and position_ids
+object for every sample when no reset flag is set).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import time
+from collections import OrderedDict
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import numpy.typing as npt
+
+from tokenmill.datasets.config import GPTDatasetConfig
+from tokenmill.datasets.megatron_dataset import MegatronDataset
+from tokenmill.datasets.utils import Split
+from tokenmill.errors import CacheError
+from tokenmill.index.cache import ArraySpec, IndexCache
+from tokenmill.index.gpt_index import (
+    GptIndexPlan,
+    as_document_ids,
+    build_gpt_indices,
+    plan_gpt_indices,
+)
+from tokenmill.loading.distributed import is_cache_builder
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["GPTDataset", "GPTDatasetConfig", "MockGPTDataset", "MockGPTLowLevelDataset"]
+
+logger = logging.getLogger(__name__)
+
+_ARRAY_NAMES = ("document_index", "sample_index", "shuffle_index")
+
+
+def _is_object_storage_path(path: str) -> bool:
+    return path.startswith(("s3://", "msc://"))
+
+
+class GPTDataset(MegatronDataset):
+    """megatron-core's GPTDataset (same constructor, attributes and samples).
+
+    Args:
+        indexed_dataset: the low-level dataset (an IndexedDataset, or anything with
+            `sequence_lengths` and `get(idx, offset, length)`).
+        dataset_path: the dataset prefix, for bookkeeping and the cache key.
+        indexed_indices: the sequence ids of this split.
+        num_samples: samples to build, or None for exactly one epoch.
+        index_split: which split this is.
+        config: the GPTDatasetConfig.
+    """
+
+    def __init__(
+        self,
+        indexed_dataset: Any,
+        dataset_path: str | None,
+        indexed_indices: npt.NDArray[np.integer] | None,
+        num_samples: int | None,
+        index_split: Split,
+        config: GPTDatasetConfig,
+    ) -> None:
+        super().__init__(
+            indexed_dataset, dataset_path, indexed_indices, num_samples, index_split, config
+        )
+        self.config: GPTDatasetConfig = config
+        self._cache: IndexCache | None = None
+        self.document_index: npt.NDArray[Any] | None
+        self.sample_index: npt.NDArray[Any] | None
+        self.shuffle_index: npt.NDArray[Any] | None
+        (self.document_index, self.sample_index, self.shuffle_index) = (
+            self._build_document_sample_shuffle_indices()
+        )
+
+    # -- low-level dataset -------------------------------------------------------------------
+
+    @staticmethod
+    def numel_low_level_dataset(low_level_dataset: Any) -> int:
+        """GPT splits by sequence: the number of sequences of the IndexedDataset."""
+        return int(low_level_dataset.sequence_lengths.shape[0])
+
+    @staticmethod
+    def build_low_level_dataset(dataset_path: str, config: GPTDatasetConfig) -> Any:
+        """Open the IndexedDataset at `dataset_path` as megatron-core does."""
+        from tokenmill.formats.megatron import IndexedDataset
+
+        if _is_object_storage_path(dataset_path):
+            if config.object_storage_cache_path is None:
+                raise ValueError(
+                    f"{dataset_path} is an object-storage path: set object_storage_cache_path"
+                )
+            raise NotImplementedError(f"object storage is not supported yet: {dataset_path}")
+        sequences_per_dataset = None
+        if config.sequences_per_dataset:
+            sequences_per_dataset = config.sequences_per_dataset[dataset_path]
+        return IndexedDataset(
+            dataset_path,
+            multimodal=False,
+            mmap=config.mmap_bin_files,
+            fast_cache_load=config.fast_cache_load,
+            sequences_per_dataset=sequences_per_dataset,
+            dtype_code=config.token_dtype_code,
+        )
+
+    # -- identity ----------------------------------------------------------------------------
+
+    def _drop_last_partial_sequence(self) -> bool:
+        if self.index_split == Split.valid:
+            return bool(self.config.drop_last_partial_validation_sequence)
+        return True
+
+    def _extend_identifiers(self, identifiers: OrderedDict[str, Any]) -> None:
+        # The exact count changes sample_index, so it must not share megatron's cache entry.
+        if self.config.exact_sample_count and not self._drop_last_partial_sequence():
+            identifiers["exact_sample_count"] = True
+
+    # -- index construction ------------------------------------------------------------------
+
+    def _plan(self) -> GptIndexPlan:
+        if self.indices is None:
+            raise CacheError(
+                f"{type(self).__name__} {self.index_split.name}: no indexed_indices "
+                "(fast_cache_load) and no valid cache to load"
+            )
+        return plan_gpt_indices(
+            np.asarray(self.dataset.sequence_lengths),
+            as_document_ids(self.indices),
+            self.num_samples,
+            self.config.sequence_length,
+            self.config.add_extra_token_to_sequence,
+            self._drop_last_partial_sequence(),
+            exact_sample_count=self.config.exact_sample_count,
+        )
+
+    def _build_arrays(self, plan: GptIndexPlan) -> dict[str, npt.NDArray[Any]]:
+        started = time.perf_counter()
+        indices = as_document_ids(self.indices if self.indices is not None else [])
+        document_index, sample_index, shuffle_index = build_gpt_indices(
+            np.asarray(self.dataset.sequence_lengths),
+            indices,
+            plan,
+            self.config.random_seed,
+            self.config.sequence_length,
+            self.config.add_extra_token_to_sequence,
+            self.config.index_build_threads,
+        )
+        logger.info(
+            "built %s %s indices: %d samples, %d epochs, %.3f s",
+            type(self).__name__,
+            self.index_split.name,
+            plan.num_samples,
+            plan.num_epochs,
+            time.perf_counter() - started,
+        )
+        return {
+            "document_index": document_index,
+            "sample_index": sample_index,
+            "shuffle_index": shuffle_index,
+        }
+
+    def _cache_directory(self) -> str | None:
+        if self.config.path_to_cache:
+            return self.config.path_to_cache
+        if self.config.mock:
+            return None
+        return os.path.join(self.dataset.path_prefix, "cache", f"{type(self).__name__}_indices")
+
+    def _array_specs(self, plan: GptIndexPlan | None) -> dict[str, ArraySpec]:
+        int32, int64, uint32 = np.dtype(np.int32), np.dtype(np.int64), np.dtype(np.uint32)
+        if plan is None:
+            return {
+                "document_index": ArraySpec((int32,), ndim=1),
+                "sample_index": ArraySpec((int32, int64), ndim=2),
+                "shuffle_index": ArraySpec((uint32, int64), ndim=1),
+            }
+        return {
+            "document_index": ArraySpec((int32,), plan.document_index_shape),
+            "sample_index": ArraySpec((np.dtype(plan.sample_dtype),), plan.sample_index_shape),
+            "shuffle_index": ArraySpec((np.dtype(plan.shuffle_dtype),), plan.shuffle_index_shape),
+        }
+
+    def _build_document_sample_shuffle_indices(
+        self,
+    ) -> tuple[Any, Any, Any]:
+        directory = self._cache_directory()
+        if directory is not None:
+            self._cache = IndexCache.create(
+                directory,
+                self.unique_description_hash,
+                type(self).__name__,
+                self.index_split.name,
+                self.unique_description,
+                _ARRAY_NAMES,
+            )
+        if self.config.defer_npy_index_mmap:
+            return None, None, None
+        if self._cache is None:
+            arrays = self._build_arrays(self._plan())
+        else:
+            plan = None if self.indices is None else self._plan()
+            arrays, _ = self._cache.load_or_build(
+                lambda: self._build_arrays(plan if plan is not None else self._plan()),
+                self._array_specs(plan),
+                may_build=is_cache_builder(self.config.cache_build_scope),
+                trust_presence=self.config.fast_cache_load,
+            )
+            self._check_consistency(arrays)
+        return arrays["document_index"], arrays["sample_index"], arrays["shuffle_index"]
+
+    def _check_consistency(self, arrays: dict[str, npt.NDArray[Any]]) -> None:
+        rows = arrays["sample_index"].shape[0]
+        if arrays["shuffle_index"].shape[0] != rows - 1:
+            assert self._cache is not None
+            raise CacheError(
+                f"{self._cache.array_path('shuffle_index')} has {arrays['shuffle_index'].shape[0]}"
+                f" entries but the sample index has {rows - 1} samples"
+            )
+
+    def _load_deferred(self) -> None:
+        assert self._cache is not None
+        arrays, problems = self._cache.load(
+            self._array_specs(None), check_description=not self.config.fast_cache_load
+        )
+        if arrays is None:
+            raise CacheError("deferred index cache is unusable: " + "; ".join(problems))
+        self._check_consistency(arrays)
+        self.document_index = arrays["document_index"]
+        self.sample_index = arrays["sample_index"]
+        self.shuffle_index = arrays["shuffle_index"]
+
+    # -- sizes -------------------------------------------------------------------------------
+
+    def __len__(self) -> int:
+        if self.sample_index is None:
+            # Deferred mapping: megatron-core's analytic length (double-precision ceil).
+            plan = self._plan()
+            available = (
+                plan.num_epochs * plan.tokens_per_epoch - self.config.add_extra_token_to_sequence
+            )
+            if self._drop_last_partial_sequence():
+                return available // self.config.sequence_length
+            return math.ceil(float(available) / self.config.sequence_length)
+        return int(self.sample_index.shape[0]) - 1
+
+    # -- samples -----------------------------------------------------------------------------
+
+    def _query_document_sample_shuffle_indices(
+        self, idx: int
+    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], list[int]]:
+        """(tokens of sample idx as int64 with padding, document ids, per-part lengths)."""
+        if self.shuffle_index is None:
+            self._load_deferred()
+        assert self.shuffle_index is not None and self.sample_index is not None
+        assert self.document_index is not None
+        extra = int(self.config.add_extra_token_to_sequence)
+        target = self.config.sequence_length + extra
+        position = int(self.shuffle_index[idx])
+        begin, begin_offset = (int(v) for v in self.sample_index[position])
+        end, end_offset = (int(v) for v in self.sample_index[position + 1])
+        document_ids: list[int] = []
+        parts: list[npt.NDArray[Any]] = []
+        if begin == end:
+            document = int(self.document_index[begin])
+            document_ids.append(document)
+            parts.append(
+                self.dataset.get(
+                    document, offset=begin_offset, length=end_offset - begin_offset + extra
+                )
+            )
+        else:
+            for i in range(begin, end + 1):
+                document = int(self.document_index[i])
+                document_ids.append(document)
+                offset = begin_offset if i == begin else 0
+                length = None if i < end else end_offset + extra
+                parts.append(self.dataset.get(document, offset=offset, length=length))
+        lengths = [len(part) for part in parts]
+        text = np.empty(target, dtype=np.int64)
+        filled = 0
+        for part in parts:
+            text[filled : filled + len(part)] = part
+            filled += len(part)
+        text[filled:] = self._pad_token_id
+        return text, np.asarray(document_ids, dtype=np.int64), lengths
+
+    def __getitem__(self, idx: int | None) -> dict[str, torch.Tensor]:
+        """The sample at `idx` (None: a padding sample, sample 0 with a zero loss mask)."""
+        import torch
+
+        text, _, document_lengths = self._query_document_sample_shuffle_indices(
+            0 if idx is None else idx
+        )
+        config = self.config
+        sequence_length = config.sequence_length
+        pad = self._pad_token_id
+        if config.add_extra_token_to_sequence:
+            tokens = text[:-1].copy()
+            labels = text[1:].copy()
+        else:
+            tokens = text
+            labels = np.roll(text, -1)
+            labels[-1] = pad
+
+        eod = config.tokenizer.eod
+        is_eod = tokens == eod
+        loss_mask = np.ones(sequence_length, dtype=np.float32)
+        if config.eod_mask_loss:
+            loss_mask[is_eod] = 0.0
+        positions = np.arange(sequence_length, dtype=np.int64)
+        document_starts: npt.NDArray[np.int64] | None = None
+        if config.reset_position_ids or config.reset_attention_mask:
+            # Every token after an EOD starts a new document.
+            marks = np.zeros(sequence_length, dtype=np.int64)
+            after_eod = np.flatnonzero(is_eod[:-1]) + 1
+            marks[after_eod] = after_eod
+            document_starts = np.maximum.accumulate(marks)
+        position_ids = positions
+        if config.reset_position_ids and document_starts is not None:
+            position_ids = positions - document_starts
+
+        loss_mask[labels == pad] = 0.0
+        tokens[tokens == pad] = 0
+        labels[labels == pad] = 0
+        if idx is None:
+            loss_mask[:] = 0.0
+
+        result: dict[str, torch.Tensor] = {
+            "tokens": torch.from_numpy(tokens),
+            "labels": torch.from_numpy(labels),
+        }
+        if config.inter_document_masking:
+            cu_seqlens, position_ids = _document_boundaries(
+                document_lengths, sequence_length, bool(config.add_extra_token_to_sequence)
+            )
+            padded = np.full(sequence_length + 1, sequence_length, dtype=np.int32)
+            padded[: cu_seqlens.size] = cu_seqlens
+            result["loss_mask"] = torch.from_numpy(loss_mask)
+            result["position_ids"] = torch.from_numpy(position_ids)
+            result["cu_seqlens"] = torch.from_numpy(padded)
+            result["max_seqlen"] = torch.tensor(np.diff(cu_seqlens).max(), dtype=torch.int32)
+            return result
+        if config.create_attention_mask:
+            allowed = torch.ones(sequence_length, sequence_length, dtype=torch.bool).tril_()
+            if config.reset_attention_mask and document_starts is not None:
+                starts = torch.from_numpy(document_starts)
+                allowed &= starts.unsqueeze(1) == starts.unsqueeze(0)
+            result["attention_mask"] = (~allowed).unsqueeze(0)
+        result["loss_mask"] = torch.from_numpy(loss_mask)
+        result["position_ids"] = torch.from_numpy(np.ascontiguousarray(position_ids))
+        return result
+
+
+def _document_boundaries(
+    document_lengths: list[int], sequence_length: int, extra_token: bool
+) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.int64]]:
+    """cu_seqlens of the sample's document parts and positions restarting in each part."""
+    lengths = list(document_lengths)
+    if extra_token:
+        lengths[-1] -= 1
+        if lengths[-1] == 0:
+            lengths.pop()
+    shortfall = sequence_length - sum(lengths)
+    if shortfall > 0:
+        if lengths:
+            lengths[-1] += shortfall
+        else:
+            lengths.append(shortfall)
+    cu_seqlens = np.concatenate(([0], np.cumsum(lengths))).astype(np.int32)
+    positions = np.arange(sequence_length, dtype=np.int64)
+    part = np.searchsorted(cu_seqlens, positions, side="right") - 1
+    return cu_seqlens, positions - cu_seqlens[part]
+
+
+class MockGPTLowLevelDataset:
+    """megatron-core's mock low-level data: 100 000 documents of lengths in [1, 4096).
+
+    Document i of length L is `(arange(L - 1) + 1) % vocab_size` followed by the EOD token.
+    """
+
+    seed: int = 0
+    size: int = 100000
+    max_sequence_length: int = 4096
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.vocab_size = tokenizer.vocab_size
+        self.eod_token = tokenizer.eod
+        rng = np.random.default_rng(seed=self.seed)
+        self.sequence_lengths = rng.integers(
+            low=1, high=self.max_sequence_length, size=self.size, dtype=np.int32
+        )
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, idx: int) -> npt.NDArray[np.int64]:
+        length = int(self.sequence_lengths[idx])
+        body = (np.arange(length - 1, dtype=np.int64) + 1) % self.vocab_size
+        return np.concatenate([body, np.array([self.eod_token], dtype=np.int64)])
+
+    def get(self, idx: int, offset: int = 0, length: int | None = None) -> npt.NDArray[np.int64]:
+        if length is None:
+            length = int(self.sequence_lengths[idx]) - offset
+        return self[idx][offset : offset + length]
+
+
+class MockGPTDataset(GPTDataset):
+    """GPTDataset over MockGPTLowLevelDataset (megatron-core's mock data)."""
+
+    def __init__(
+        self,
+        dataset: MockGPTLowLevelDataset,
+        dataset_path: str | None,
+        indices: npt.NDArray[np.integer] | None,
+        num_samples: int | None,
+        index_split: Split,
+        config: GPTDatasetConfig,
+    ) -> None:
+        if not config.mock:
+            raise ValueError("MockGPTDataset needs a config with mock=True (no blend)")
+        super().__init__(dataset, dataset_path, indices, num_samples, index_split, config)
+
+    @staticmethod
+    def numel_low_level_dataset(low_level_dataset: Any) -> int:
+        return len(low_level_dataset)
+
+    @staticmethod
+    def build_low_level_dataset(
+        dataset_path: str | None, config: GPTDatasetConfig
+    ) -> MockGPTLowLevelDataset:
+        return MockGPTLowLevelDataset(config.tokenizer)

@@ -1,0 +1,121 @@
+"""The base of Megatron-style mid-level datasets: identity, cache key and pad-token rules.
+
+A dataset's identity is megatron-core's ordered dict {class, dataset_path, num_samples,
+index_split, random_seed, sequence_length, split, split_matrix, tokenizer}; its JSON text
+(`indent=4`, objects serialised through their own `unique_identifiers`) is the cache
+description and its md5 the cache key, so caches are interchangeable with megatron-core.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import warnings
+from collections import OrderedDict
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from tokenmill.datasets.config import BlendedMegatronDatasetConfig
+from tokenmill.datasets.utils import Split
+
+__all__ = ["PAD_TOKEN_ID", "MegatronDataset", "describe"]
+
+PAD_TOKEN_ID = -1
+"""megatron-core's pad id when the tokenizer has none (never a real token)."""
+
+
+def describe(identifiers: dict[str, Any]) -> tuple[str, str]:
+    """(description JSON, md5 hex digest) exactly as megatron-core computes them."""
+    description = json.dumps(identifiers, indent=4, default=lambda obj: obj.unique_identifiers)
+    digest = hashlib.md5(description.encode("utf-8"), usedforsecurity=False).hexdigest()
+    return description, digest
+
+
+def resolve_pad_token_id(config: BlendedMegatronDatasetConfig) -> int:
+    """The tokenizer's pad id, reset to -1 (with a warning) if it collides with a special token."""
+    tokenizer = config.tokenizer
+    try:
+        pad = int(tokenizer.pad)
+    except Exception:  # megatron-core treats any failure to read `pad` as "no pad id"
+        return PAD_TOKEN_ID
+    special: list[Any] = []
+    try:
+        special = [v for k, v in tokenizer.special_tokens_dict.items() if k != "pad_token"]
+    except (AttributeError, IndexError, ValueError):
+        special = []
+    if not special:
+        for name in ("eos", "eod"):
+            with contextlib.suppress(AttributeError, NotImplementedError):
+                special.append(getattr(tokenizer, name))
+    if pad in special:
+        if config.allow_ambiguous_pad_tokens:
+            warnings.warn(
+                f"The tokenizer's pad id {pad} collides with another special token id; pad "
+                "tokens in the data will be masked from the loss (allow_ambiguous_pad_tokens).",
+                stacklevel=3,
+            )
+        else:
+            warnings.warn(
+                f"The tokenizer's pad id {pad} collides with another special token id; using "
+                f"{PAD_TOKEN_ID} as the pad id so no real token is masked.",
+                stacklevel=3,
+            )
+            return PAD_TOKEN_ID
+    return pad
+
+
+class MegatronDataset:
+    """Common state of GPTDataset and its relatives (megatron-core's MegatronDataset)."""
+
+    def __init__(
+        self,
+        dataset: Any,
+        dataset_path: str | None,
+        indices: npt.NDArray[np.integer] | None,
+        num_samples: int | None,
+        index_split: Split,
+        config: BlendedMegatronDatasetConfig,
+    ) -> None:
+        self.dataset = dataset
+        self.dataset_path = dataset_path
+        self.indices = indices
+        self.num_samples = num_samples
+        self.index_split = index_split
+        self.config = config
+
+        self.unique_identifiers: OrderedDict[str, Any] = OrderedDict()
+        self.unique_identifiers["class"] = type(self).__name__
+        self.unique_identifiers["dataset_path"] = self.dataset_path
+        self.unique_identifiers["num_samples"] = self.num_samples
+        self.unique_identifiers["index_split"] = self.index_split.name
+        for attribute in self._key_config_attributes():
+            self.unique_identifiers[attribute] = getattr(self.config, attribute)
+        self._extend_identifiers(self.unique_identifiers)
+        self.unique_description, self.unique_description_hash = describe(self.unique_identifiers)
+        self._pad_token_id = resolve_pad_token_id(config)
+
+    def _extend_identifiers(self, identifiers: OrderedDict[str, Any]) -> None:
+        """Hook for options that change the index but are absent from megatron's key."""
+
+    @staticmethod
+    def numel_low_level_dataset(low_level_dataset: Any) -> int:
+        """Number of elements the splits divide (overridden by subclasses)."""
+        raise NotImplementedError
+
+    @staticmethod
+    def build_low_level_dataset(dataset_path: str, config: Any) -> Any:
+        """Open the low-level dataset at `dataset_path` (overridden by subclasses)."""
+        raise NotImplementedError
+
+    @staticmethod
+    def _key_config_attributes() -> list[str]:
+        return ["random_seed", "sequence_length", "split", "split_matrix", "tokenizer"]
+
+    def __len__(self) -> int:
+        raise NotImplementedError
+
+    def __getitem__(self, idx: int) -> Any:
+        raise NotImplementedError

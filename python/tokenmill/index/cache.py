@@ -1,0 +1,234 @@
+"""Index caches that megatron-core can read and that never serve a broken file.
+
+Layout (megatron-core's, so caches are interchangeable both ways):
+``<dir>/<md5 of description>-<Class>-<split>-description.txt`` plus one ``-<name>.npy`` per
+index array, written with ``numpy.save``.
+
+Beyond megatron-core:
+
+* every file is written to a temporary name in the same directory and renamed into place; the
+  description is renamed last, so a crash leaves no description and the next run sees a miss;
+* writers hold an exclusive ``fcntl`` lock on ``<base>.lock`` and re-check for a hit once they
+  have it, so two jobs sharing a directory build once and never interleave writes;
+* a hit requires the description to match byte for byte and each array to have the dtype and
+  shape the caller expects; anything else is reported as a problem (the builder rebuilds, other
+  ranks raise CacheError) instead of being used.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import tempfile
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from tokenmill.errors import CacheError
+
+__all__ = ["ArraySpec", "IndexCache", "atomic_save_npy", "atomic_write_text"]
+
+
+@dataclass(frozen=True)
+class ArraySpec:
+    """What a cached array must look like: allowed dtypes and, where known, its shape."""
+
+    dtypes: tuple[np.dtype[np.generic], ...]
+    shape: tuple[int, ...] | None = None
+    ndim: int | None = None
+
+    def problem(self, array: npt.NDArray[Any]) -> str | None:
+        if array.dtype not in self.dtypes:
+            allowed = "/".join(str(d) for d in self.dtypes)
+            return f"dtype {array.dtype} (expected {allowed})"
+        if self.ndim is not None and array.ndim != self.ndim:
+            return f"{array.ndim} dimensions (expected {self.ndim})"
+        if self.shape is not None and tuple(array.shape) != self.shape:
+            return f"shape {tuple(array.shape)} (expected {self.shape})"
+        return None
+
+
+def _temporary_path(path: Path) -> Path:
+    handle, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(handle)
+    return Path(name)
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write `text` to `path` through a temporary file and a rename."""
+    temporary = _temporary_path(path)
+    try:
+        temporary.write_text(text, encoding="utf-8")
+        os.replace(temporary, path)
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise
+
+
+def atomic_save_npy(path: Path, array: npt.NDArray[Any]) -> None:
+    """numpy.save `array` to `path` (same bytes) through a temporary file and a rename."""
+    temporary = _temporary_path(path)
+    try:
+        with temporary.open("wb") as stream:
+            np.save(stream, array, allow_pickle=False)
+        os.chmod(temporary, 0o644)
+        os.replace(temporary, path)
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise
+
+
+def _load_npy(path: Path) -> npt.NDArray[Any]:
+    array: npt.NDArray[Any]
+    try:
+        array = np.load(path, mmap_mode="r", allow_pickle=False)
+    except ValueError:
+        # numpy cannot map an empty array; such files are tiny, so read them instead.
+        if path.stat().st_size > 4096:
+            raise
+        array = np.load(path, allow_pickle=False)
+    return array
+
+
+@dataclass(frozen=True)
+class IndexCache:
+    """The files of one cached dataset: `<directory>/<hash>-<class>-<split>-*`."""
+
+    directory: Path
+    base: str
+    description: str
+    array_names: tuple[str, ...]
+
+    @classmethod
+    def create(
+        cls,
+        directory: str | os.PathLike[str],
+        description_hash: str,
+        class_name: str,
+        split_name: str,
+        description: str,
+        array_names: Sequence[str],
+    ) -> IndexCache:
+        return cls(
+            Path(directory),
+            f"{description_hash}-{class_name}-{split_name}",
+            description,
+            tuple(array_names),
+        )
+
+    def path(self, suffix: str) -> Path:
+        return self.directory / f"{self.base}-{suffix}"
+
+    @property
+    def description_path(self) -> Path:
+        return self.path("description.txt")
+
+    def array_path(self, name: str) -> Path:
+        return self.path(f"{name}.npy")
+
+    def all_present(self) -> bool:
+        """megatron-core's notion of a hit: every file exists."""
+        return self.description_path.is_file() and all(
+            self.array_path(name).is_file() for name in self.array_names
+        )
+
+    def load(
+        self, specs: Mapping[str, ArraySpec] | None = None, check_description: bool = True
+    ) -> tuple[dict[str, npt.NDArray[Any]] | None, list[str]]:
+        """Memory-map every array and check it.
+
+        Returns:
+            (arrays, []) on a valid hit, or (None, problems) naming each missing or bad file.
+        """
+        problems: list[str] = []
+        if check_description:
+            try:
+                found = self.description_path.read_text(encoding="utf-8")
+                if found != self.description:
+                    problems.append(f"{self.description_path}: description differs from config")
+            except FileNotFoundError:
+                problems.append(f"{self.description_path}: missing")
+            except (OSError, UnicodeDecodeError) as error:
+                problems.append(f"{self.description_path}: unreadable ({error})")
+        arrays: dict[str, npt.NDArray[Any]] = {}
+        for name in self.array_names:
+            path = self.array_path(name)
+            try:
+                array = _load_npy(path)
+            except FileNotFoundError:
+                problems.append(f"{path}: missing")
+                continue
+            except (OSError, ValueError, EOFError) as error:
+                problems.append(f"{path}: unreadable or truncated ({error})")
+                continue
+            spec = specs.get(name) if specs else None
+            problem = spec.problem(array) if spec else None
+            if problem:
+                problems.append(f"{path}: {problem}")
+            arrays[name] = array
+        return (None, problems) if problems else (arrays, [])
+
+    @contextlib.contextmanager
+    def locked(self) -> Iterator[None]:
+        """Hold an exclusive lock on this cache entry (blocks while another writer holds it)."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        with (self.directory / f".{self.base}.lock").open("a") as handle:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+
+    def save(self, arrays: Mapping[str, npt.NDArray[Any]]) -> None:
+        """Write every array, then the description (the commit point), each atomically."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(FileNotFoundError):
+            self.description_path.unlink()
+        for name in self.array_names:
+            atomic_save_npy(self.array_path(name), arrays[name])
+        atomic_write_text(self.description_path, self.description)
+
+    def load_or_build(
+        self,
+        build: Callable[[], Mapping[str, npt.NDArray[Any]]],
+        specs: Mapping[str, ArraySpec] | None,
+        *,
+        may_build: bool,
+        trust_presence: bool = False,
+    ) -> tuple[dict[str, npt.NDArray[Any]], bool]:
+        """Return the cached arrays, building and saving them first if this process may.
+
+        Args:
+            build: computes the arrays (called at most once, under the lock).
+            specs: what each array must look like.
+            may_build: whether this process writes missing caches (rank rule).
+            trust_presence: megatron's fast_cache_load: skip the description comparison.
+
+        Returns:
+            (arrays, built) where built says whether this call computed them.
+
+        Raises:
+            CacheError: when the cache is missing or invalid and this process may not build it.
+        """
+        arrays, problems = self.load(specs, check_description=not trust_presence)
+        if arrays is not None:
+            return arrays, False
+        if not may_build:
+            raise CacheError(
+                "index cache is missing or invalid and this rank does not build caches "
+                "(the building rank should have written it before the barrier; is "
+                "path_to_cache on a filesystem every rank sees? cache_build_scope='node' builds "
+                "one copy per node): " + "; ".join(problems)
+            )
+        with self.locked():
+            arrays, problems = self.load(specs, check_description=not trust_presence)
+            if arrays is not None:
+                return arrays, False
+            built = dict(build())
+            self.save(built)
+        return built, True

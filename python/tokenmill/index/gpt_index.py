@@ -1,0 +1,217 @@
+"""Typed wrappers over the C++ GPTDataset index kernels, with megatron-core's arithmetic.
+
+`plan_gpt_indices` computes everything that is cheap and scalar (epochs, whether the final
+epoch is shuffled separately, the sample count, the output dtypes) exactly as megatron-core
+0.19 does; `build_gpt_indices` then fills the three arrays in one C++ call with the GIL
+released. Outputs are allocated once, at their final dtype: peak memory is the size of the
+three arrays (megatron-core builds int64 temporaries, about 2.3x).
+
+Megatron facts reproduced here:
+
+* epochs: the smallest e >= 1 with e * tokens_per_epoch >= num_samples * S + extra;
+* separate final epoch: when the samples needed from the last epoch are fewer than
+  int(0.80 * samples_per_epoch);
+* sample count: (E*T - extra) // S, or, when the partial last sample is kept, ceil computed in
+  single precision (float32(E*T - extra) / float32(S)), which can overcount by one above 2^24
+  tokens; `exact_sample_count=True` uses the exact integer ceil instead;
+* dtypes: sample_index int32 unless len(document_index) or the longest document exceeds
+  2^31 - 1 (then int64); shuffle_index uint32 unless num_samples >= 2^32 - 2 (then int64);
+  document_index always int32.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from tokenmill import _core
+
+__all__ = ["GptIndexPlan", "build_gpt_indices", "num_tokens_per_epoch", "plan_gpt_indices"]
+
+_INT32_MAX = np.iinfo(np.int32).max
+_UINT32_MAX = np.iinfo(np.uint32).max
+_SEPARATE_FINAL_EPOCH_THRESHOLD = 0.80
+
+
+def default_threads() -> int:
+    """Threads for index builds: the CPUs this process may use, at most 4."""
+    try:
+        available = len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        available = os.cpu_count() or 1
+    return max(1, min(4, available))
+
+
+def as_document_ids(indices: npt.ArrayLike, name: str = "indexed_indices") -> npt.NDArray[np.int32]:
+    """The split's document ids as a C-contiguous int32 array (range-checked)."""
+    array = np.asarray(indices)
+    if array.ndim != 1:
+        raise ValueError(f"{name} must be 1-D, got shape {array.shape}")
+    if array.size and not np.issubdtype(array.dtype, np.integer):
+        raise TypeError(f"{name} must hold integers, got dtype {array.dtype}")
+    if array.dtype != np.int32:
+        if array.size and (array.min() < 0 or array.max() > _INT32_MAX):
+            raise OverflowError(f"{name} must fit int32, got range [{array.min()}, {array.max()}]")
+        array = array.astype(np.int32)
+    return np.ascontiguousarray(array)
+
+
+def as_sizes(sizes: npt.ArrayLike) -> npt.NDArray[np.int32]:
+    array = np.asarray(sizes)
+    if array.dtype != np.int32:
+        if array.size and (array.min() < 0 or array.max() > _INT32_MAX):
+            raise OverflowError("sequence lengths must fit int32")
+        array = array.astype(np.int32)
+    return np.ascontiguousarray(array)
+
+
+def num_tokens_per_epoch(sizes: npt.ArrayLike, indices: npt.ArrayLike) -> int:
+    """sum(sizes[indices]) without materialising sizes[indices]."""
+    return _core.sum_selected_lengths(as_sizes(sizes), as_document_ids(indices))
+
+
+@dataclass(frozen=True)
+class GptIndexPlan:
+    """The scalar facts of one GPTDataset index build."""
+
+    num_documents: int
+    tokens_per_epoch: int
+    num_epochs: int
+    separate_final_epoch: bool
+    num_samples: int
+    shuffle_split: int
+    sample_dtype: type[np.integer]
+    shuffle_dtype: type[np.integer]
+
+    @property
+    def document_index_shape(self) -> tuple[int]:
+        return (self.num_documents * self.num_epochs,)
+
+    @property
+    def sample_index_shape(self) -> tuple[int, int]:
+        return (self.num_samples + 1, 2)
+
+    @property
+    def shuffle_index_shape(self) -> tuple[int]:
+        return (self.num_samples,)
+
+
+def num_epochs_for(tokens_per_epoch: int, num_samples: int | None, requested_tokens: int) -> int:
+    """Epochs megatron-core builds: 1 for None, else the smallest e >= 1 covering the request."""
+    if num_samples is None:
+        return 1
+    if tokens_per_epoch <= 0:
+        raise ValueError(
+            f"cannot draw {num_samples} samples from a split with {tokens_per_epoch} tokens"
+        )
+    return max(1, -(-requested_tokens // tokens_per_epoch))
+
+
+def count_samples(
+    total_tokens: int, sequence_length: int, extra_token: int, drop_last: bool, exact: bool
+) -> int:
+    """Number of samples in `total_tokens` tokens (megatron's float32 ceil unless `exact`)."""
+    available = total_tokens - extra_token
+    if drop_last:
+        return max(available, 0) // sequence_length
+    if exact:
+        return max(-(-available // sequence_length), 0)
+    ratio = np.float32(available) / np.float32(sequence_length)
+    return max(int(np.ceil(ratio)), 0)
+
+
+def plan_gpt_indices(
+    sizes: npt.NDArray[np.int32],
+    indices: npt.NDArray[np.int32],
+    num_samples: int | None,
+    sequence_length: int,
+    add_extra_token: bool,
+    drop_last_partial_sequence: bool,
+    exact_sample_count: bool = False,
+    tokens_per_epoch: int | None = None,
+) -> GptIndexPlan:
+    """Compute epochs, the final-epoch rule, the sample count and the output dtypes."""
+    if sequence_length < 1:
+        raise ValueError(f"sequence_length must be >= 1, got {sequence_length}")
+    if num_samples is not None and num_samples < 0:
+        raise ValueError(f"num_samples must be >= 0 or None, got {num_samples}")
+    extra = 1 if add_extra_token else 0
+    if tokens_per_epoch is None:
+        tokens_per_epoch = num_tokens_per_epoch(sizes, indices)
+    requested = 0 if num_samples is None else num_samples * sequence_length + extra
+    num_epochs = num_epochs_for(tokens_per_epoch, num_samples, requested)
+
+    separate_final_epoch = False
+    samples_before_final_epoch = 0
+    if num_epochs > 1:
+        assert num_samples is not None  # num_epochs > 1 only for a requested size
+        samples_before_final_epoch = (
+            (num_epochs - 1) * tokens_per_epoch - extra
+        ) // sequence_length
+        from_final_epoch = num_samples - samples_before_final_epoch
+        per_epoch = (tokens_per_epoch - extra) // sequence_length
+        if not 0 <= from_final_epoch <= per_epoch + 1:
+            raise ValueError(
+                f"inconsistent epoch arithmetic: {from_final_epoch} samples from the final epoch "
+                f"with {per_epoch} per epoch"
+            )
+        separate_final_epoch = from_final_epoch < int(_SEPARATE_FINAL_EPOCH_THRESHOLD * per_epoch)
+
+    total_samples = count_samples(
+        num_epochs * tokens_per_epoch,
+        sequence_length,
+        extra,
+        drop_last_partial_sequence,
+        exact_sample_count,
+    )
+    longest = int(sizes.max()) if sizes.size else 0
+    num_documents = int(indices.shape[0])
+    sample_dtype: type[np.integer] = (
+        np.int32 if max(num_documents * num_epochs, longest) <= _INT32_MAX else np.int64
+    )
+    shuffle_dtype: type[np.integer] = np.uint32 if total_samples < _UINT32_MAX - 1 else np.int64
+    return GptIndexPlan(
+        num_documents=num_documents,
+        tokens_per_epoch=tokens_per_epoch,
+        num_epochs=num_epochs,
+        separate_final_epoch=separate_final_epoch,
+        num_samples=total_samples,
+        shuffle_split=samples_before_final_epoch if separate_final_epoch else total_samples,
+        sample_dtype=sample_dtype,
+        shuffle_dtype=shuffle_dtype,
+    )
+
+
+def build_gpt_indices(
+    sizes: npt.NDArray[np.int32],
+    indices: npt.NDArray[np.int32],
+    plan: GptIndexPlan,
+    seed: int,
+    sequence_length: int,
+    add_extra_token: bool,
+    num_threads: int | None = None,
+) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.integer], npt.NDArray[np.integer]]:
+    """Build (document_index, sample_index, shuffle_index) for `plan` in one C++ call."""
+    if plan.num_documents == 0:
+        raise ValueError("cannot build a GPT index over a split with no documents")
+    document_index = np.empty(plan.document_index_shape, dtype=np.int32)
+    sample_index = np.empty(plan.sample_index_shape, dtype=plan.sample_dtype)
+    shuffle_index = np.empty(plan.shuffle_index_shape, dtype=plan.shuffle_dtype)
+    _core.build_gpt_indices(
+        as_sizes(sizes),
+        as_document_ids(indices),
+        seed,
+        plan.num_epochs,
+        plan.separate_final_epoch,
+        plan.shuffle_split,
+        sequence_length,
+        1 if add_extra_token else 0,
+        document_index,
+        sample_index,
+        shuffle_index,
+        num_threads if num_threads is not None else default_threads(),
+    )
+    return document_index, sample_index, shuffle_index

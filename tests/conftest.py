@@ -1,0 +1,112 @@
+"""Shared fixtures: tiny tokenizers, independently written Megatron shards, hypothesis profile."""
+
+from __future__ import annotations
+
+import os
+import struct
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+try:
+    from hypothesis import HealthCheck, settings
+
+    settings.register_profile(
+        "tokenmill",
+        deadline=None,
+        max_examples=60,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+    )
+    settings.load_profile("tokenmill")
+except ImportError:  # pragma: no cover - hypothesis is a test dependency
+    pass
+
+
+class TinyTokenizer:
+    """The attributes megatron-core's datasets read from a tokenizer, and nothing else."""
+
+    def __init__(self, vocab_size: int = 1000, eod: int = 0, pad: int | None = None) -> None:
+        self.vocab_size = vocab_size
+        self.eod = eod
+        if pad is not None:
+            self.pad = pad
+        self.unique_identifiers = {"class": "TinyTokenizer", "vocab_size": vocab_size}
+
+
+_DTYPE_CODES = {
+    np.dtype(np.uint8): 1,
+    np.dtype(np.int8): 2,
+    np.dtype(np.int16): 3,
+    np.dtype(np.int32): 4,
+    np.dtype(np.int64): 5,
+    np.dtype(np.float64): 6,
+    np.dtype(np.float32): 7,
+    np.dtype(np.uint16): 8,
+}
+
+
+def write_megatron_shard(
+    prefix: str | Path,
+    documents: Sequence[Sequence[int]],
+    dtype: np.dtype | type = np.uint16,
+) -> str:
+    """Write `documents` (one sequence each) as .bin/.idx straight from the format spec.
+
+    Independent of tokenmill's writer on purpose: tests read what this writes.
+    """
+    dtype = np.dtype(dtype)
+    prefix = str(prefix)
+    lengths = np.array([len(d) for d in documents], dtype=np.int32)
+    tokens = (
+        np.concatenate([np.asarray(d, dtype=dtype) for d in documents])
+        if len(documents)
+        else np.zeros(0, dtype)
+    )
+    Path(prefix + ".bin").write_bytes(tokens.astype(dtype).tobytes())
+    pointers = np.zeros(len(documents), dtype=np.int64)
+    if len(documents) > 1:
+        pointers[1:] = np.cumsum(lengths[:-1].astype(np.int64)) * dtype.itemsize
+    document_indices = np.arange(len(documents) + 1, dtype=np.int64)
+    with open(prefix + ".idx", "wb") as stream:
+        stream.write(b"MMIDIDX\x00\x00")
+        stream.write(struct.pack("<Q", 1))
+        stream.write(struct.pack("<B", _DTYPE_CODES[dtype]))
+        stream.write(struct.pack("<Q", len(documents)))
+        stream.write(struct.pack("<Q", len(document_indices)))
+        stream.write(lengths.tobytes())
+        stream.write(pointers.tobytes())
+        stream.write(document_indices.tobytes())
+    return prefix
+
+
+def random_documents(
+    rng: np.random.Generator,
+    count: int,
+    max_length: int = 300,
+    vocab_size: int = 1000,
+    eod: int = 0,
+) -> list[list[int]]:
+    """Documents of random lengths in [1, max_length], each ending with the EOD token."""
+    documents = []
+    for _ in range(count):
+        length = int(rng.integers(1, max_length + 1))
+        document = rng.integers(1, vocab_size, length)
+        document[-1] = eod
+        documents.append(document.tolist())
+    return documents
+
+
+@pytest.fixture
+def tokenizer() -> TinyTokenizer:
+    return TinyTokenizer()
+
+
+@pytest.fixture
+def shard(tmp_path: Path) -> str:
+    """A 200-document uint16 shard with random lengths, ending every document with EOD 0."""
+    rng = np.random.default_rng(1234)
+    return write_megatron_shard(tmp_path / "corpus", random_documents(rng, 200))
