@@ -386,6 +386,10 @@ def _document_boundaries(
         else:
             lengths.append(shortfall)
     cu_seqlens = np.concatenate(([0], np.cumsum(lengths))).astype(np.int32)
+    if cu_seqlens.size > sequence_length + 1:
+        # Only possible with empty parts (empty documents, or a sample starting at the very end
+        # of a document), where megatron-core fails to pad; dropping them loses no token.
+        cu_seqlens = np.unique(cu_seqlens)
     positions = np.arange(sequence_length, dtype=np.int64)
     part = np.searchsorted(cu_seqlens, positions, side="right") - 1
     return cu_seqlens, positions - cu_seqlens[part]

@@ -1,0 +1,238 @@
+"""Differential tests of blends and splits against megatron-core 0.19.2.
+
+Randomized blends (2-50 datasets, random and tiny weights, no weights, per-split blends,
+sizes with None, every form of split string): both builders run on the same shards with their
+own cache directories and must give identical arrays, identical samples and identical cache
+files (names are md5 hashes of the descriptions, so equal names prove equal hashes).
+"""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from conftest import TinyTokenizer, random_documents, write_megatron_shard
+
+pytestmark = pytest.mark.megatron
+
+torch = pytest.importorskip("torch")
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    megatron_builder = pytest.importorskip("megatron.core.datasets.blended_megatron_dataset_builder")
+    megatron_blended = pytest.importorskip("megatron.core.datasets.blended_dataset")
+    megatron_gpt = pytest.importorskip("megatron.core.datasets.gpt_dataset")
+    megatron_config = pytest.importorskip("megatron.core.datasets.blended_megatron_dataset_config")
+    megatron_utils = pytest.importorskip("megatron.core.datasets.utils")
+
+from tokenmill.datasets import utils  # noqa: E402
+from tokenmill.datasets.blended import BlendedDataset  # noqa: E402
+from tokenmill.datasets.builder import BlendedMegatronDatasetBuilder  # noqa: E402
+from tokenmill.datasets.gpt import GPTDataset, GPTDatasetConfig, MockGPTDataset  # noqa: E402
+
+
+def shards(tmp_path: Path, rng: np.random.Generator, count: int) -> list[str]:
+    return [
+        write_megatron_shard(
+            tmp_path / f"shard{i}", random_documents(rng, int(rng.integers(20, 60)), 200)
+        )
+        for i in range(count)
+    ]
+
+
+def compare_datasets(ours: Any, theirs: Any, rng: np.random.Generator, where: str) -> None:
+    if theirs is None:
+        assert ours is None, where
+        return
+    if isinstance(theirs, list):
+        assert isinstance(ours, list)
+        assert len(ours) == len(theirs)
+        for i, (mine, reference) in enumerate(zip(ours, theirs)):
+            compare_datasets(mine, reference, rng, f"{where}[{i}]")
+        return
+    assert type(ours).__name__ == type(theirs).__name__, where
+    assert len(ours) == len(theirs), where
+    assert ours.unique_description == theirs.unique_description, where
+    names = (
+        ("dataset_index", "dataset_sample_index")
+        if isinstance(theirs, megatron_blended.BlendedDataset)
+        else ("document_index", "sample_index", "shuffle_index")
+    )
+    for name in names:
+        mine, reference = np.asarray(getattr(ours, name)), np.asarray(getattr(theirs, name))
+        assert mine.dtype == reference.dtype, f"{where} {name}"
+        np.testing.assert_array_equal(mine, reference, err_msg=f"{where} {name}")
+    if len(theirs) == 0:
+        return
+    for idx in rng.integers(0, len(theirs), 4).tolist():
+        mine, reference = ours[idx], theirs[idx]
+        assert list(mine) == list(reference), where
+        for key in reference:
+            if key == "dataset_id":
+                assert int(mine[key]) == int(reference[key])
+                assert np.asarray(mine[key]).dtype == np.asarray(reference[key]).dtype
+            else:
+                assert torch.equal(mine[key], reference[key]), f"{where} {idx} {key}"
+
+
+def build_both(
+    tmp_path: Path, sizes: list[int | None], **fields: Any
+) -> tuple[list[Any], list[Any]]:
+    tokenizer = TinyTokenizer()
+    common = {
+        "random_seed": 1234,
+        "sequence_length": 31,
+        "tokenizer": tokenizer,
+        "reset_position_ids": False,
+        "reset_attention_mask": False,
+        "eod_mask_loss": False,
+        "create_attention_mask": False,
+        **fields,
+    }
+    theirs = megatron_builder.BlendedMegatronDatasetBuilder(
+        megatron_gpt.MockGPTDataset if "blend" not in fields and "blend_per_split" not in fields
+        else megatron_gpt.GPTDataset,
+        sizes,
+        lambda: True,
+        megatron_gpt.GPTDatasetConfig(path_to_cache=str(tmp_path / "megatron"), **common),
+    ).build()
+    ours = BlendedMegatronDatasetBuilder(
+        MockGPTDataset if "blend" not in fields and "blend_per_split" not in fields
+        else GPTDataset,
+        sizes,
+        lambda: True,
+        GPTDatasetConfig(path_to_cache=str(tmp_path / "tokenmill"), **common),
+    ).build()
+    return ours, theirs
+
+
+def assert_same_cache_files(tmp_path: Path) -> None:
+    theirs = sorted(p.name for p in (tmp_path / "megatron").iterdir())
+    ours = sorted(p.name for p in (tmp_path / "tokenmill").iterdir() if not p.name.startswith("."))
+    assert ours == theirs
+    for name in theirs:
+        assert (tmp_path / "tokenmill" / name).read_bytes() == (
+            tmp_path / "megatron" / name
+        ).read_bytes(), name
+
+
+SPLITS = ["969,30,1", "98/2/0", "1", "0.9 0.1", "80,10,10", "7,2,1"]
+
+
+@pytest.mark.parametrize("case", range(16))
+def test_weighted_blends_match_megatron(tmp_path: Path, case: int) -> None:
+    rng = np.random.default_rng(case)
+    count = int(rng.integers(2, 8)) if case % 4 else int(rng.integers(20, 51))
+    prefixes = shards(tmp_path, rng, count)
+    weights = rng.uniform(0.01, 1.0, count)
+    if case % 3 == 0:
+        weights[rng.integers(0, count)] = 1e-4  # a tiny weight
+    split = SPLITS[case % len(SPLITS)]
+    sizes = [int(rng.integers(50, 400)), int(rng.integers(5, 60)), int(rng.integers(1, 20))]
+    ours, theirs = build_both(
+        tmp_path,
+        sizes,
+        blend=(prefixes, weights.tolist()),
+        split=split,
+        mid_level_dataset_surplus=0.5,
+    )
+    for i, (mine, reference) in enumerate(zip(ours, theirs)):
+        compare_datasets(mine, reference, rng, f"split {i}")
+    assert_same_cache_files(tmp_path)
+
+
+@pytest.mark.parametrize("case", range(8))
+def test_unweighted_blends_match_megatron(tmp_path: Path, case: int) -> None:
+    rng = np.random.default_rng(100 + case)
+    count = int(rng.integers(1, 6))
+    prefixes = shards(tmp_path, rng, count)
+    sizes: list[int | None] = [
+        None if case % 2 else int(rng.integers(10, 500)),
+        None,
+        int(rng.integers(1, 30)) if case % 3 else None,
+    ]
+    ours, theirs = build_both(
+        tmp_path, sizes, blend=(prefixes, None), split=SPLITS[case % len(SPLITS)]
+    )
+    for i, (mine, reference) in enumerate(zip(ours, theirs)):
+        compare_datasets(mine, reference, rng, f"split {i}")
+    assert_same_cache_files(tmp_path)
+
+
+@pytest.mark.parametrize("case", range(6))
+def test_blend_per_split_matches_megatron(tmp_path: Path, case: int) -> None:
+    rng = np.random.default_rng(200 + case)
+    prefixes = shards(tmp_path, rng, 6)
+    train = (prefixes[:3], rng.uniform(0.1, 1, 3).tolist())
+    valid = (prefixes[3:5], None)
+    test = (prefixes[5:], None) if case % 2 else None
+    sizes: list[int | None] = [int(rng.integers(50, 300)), int(rng.integers(5, 50)), 7]
+    fields: dict[str, Any] = {"blend_per_split": [train, valid, test]}
+    if case >= 3:
+        fields["multiple_validation_sets"] = True
+        if case == 5:
+            fields["full_validation"] = True
+            sizes[1] = None
+    ours, theirs = build_both(tmp_path, sizes, **fields)
+    for i, (mine, reference) in enumerate(zip(ours, theirs)):
+        compare_datasets(mine, reference, rng, f"split {i}")
+    assert_same_cache_files(tmp_path)
+
+
+def test_mock_splits_match_megatron(tmp_path: Path) -> None:
+    rng = np.random.default_rng(7)
+    ours, theirs = build_both(tmp_path, [300, 40, 20])
+    for i, (mine, reference) in enumerate(zip(ours, theirs)):
+        compare_datasets(mine, reference, rng, f"split {i}")
+
+
+def test_oversampling_raises_index_error_like_megatron(tmp_path: Path) -> None:
+    rng = np.random.default_rng(3)
+    prefixes = shards(tmp_path, rng, 3)
+    config = GPTDatasetConfig(
+        random_seed=1,
+        sequence_length=31,
+        tokenizer=TinyTokenizer(),
+        blend=(prefixes, None),
+        split="1",
+        reset_position_ids=False,
+        reset_attention_mask=False,
+        eod_mask_loss=False,
+    )
+    members = BlendedMegatronDatasetBuilder(
+        GPTDataset, [None, None, None], lambda: True, config
+    ).build()[0].datasets
+    with pytest.raises(IndexError, match="oversamples dataset"):
+        BlendedDataset(members, [1.0, 1.0, 1.0], 10 * sum(len(m) for m in members), config)
+
+
+@pytest.mark.parametrize(
+    "split", ["969,30,1", "98/2/0", "1", "0.9 0.1", "1,1,1", "0,0,1", "3 5", "0.5,0.25,0.25"]
+)
+def test_split_helpers_match_megatron(split: str) -> None:
+    vector = utils.parse_and_normalize_split(split)
+    assert vector == megatron_config.parse_and_normalize_split(split)
+    assert utils.convert_split_vector_to_split_matrix(
+        vector
+    ) == megatron_config.convert_split_vector_to_split_matrix(vector)
+    other = utils.parse_and_normalize_split("98,1,1")
+    assert utils.convert_split_vector_to_split_matrix(
+        vector, other
+    ) == megatron_config.convert_split_vector_to_split_matrix(vector, other)
+
+
+@pytest.mark.parametrize(
+    "blend",
+    [
+        None,
+        ["a", "b", "c"],
+        ["30", "a", "70", "b"],
+        ["a", "b"],
+        ["30", "a", "b", "c"],
+        [" 1", " a ", "2", "b "],
+    ],
+)
+def test_get_blend_from_list_matches_megatron(blend: list[str] | None) -> None:
+    assert utils.get_blend_from_list(blend) == megatron_utils.get_blend_from_list(blend)

@@ -1,0 +1,279 @@
+"""Differential tests: tokenmill's GPTDataset against megatron-core 0.19.2 itself.
+
+For randomized corpora, configs and seeds both libraries build their indices independently
+(separate cache directories) and must produce equal arrays (dtype, shape, values), equal
+lengths, equal cache files byte for byte, and equal `__getitem__` outputs.
+"""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from conftest import TinyTokenizer, random_documents, write_megatron_shard
+
+pytestmark = pytest.mark.megatron
+
+torch = pytest.importorskip("torch")
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    megatron_gpt = pytest.importorskip("megatron.core.datasets.gpt_dataset")
+    megatron_indexed = pytest.importorskip("megatron.core.datasets.indexed_dataset")
+    megatron_utils = pytest.importorskip("megatron.core.datasets.utils")
+
+from tokenmill.datasets.gpt import GPTDataset, GPTDatasetConfig, MockGPTDataset  # noqa: E402
+from tokenmill.datasets.utils import Split  # noqa: E402
+from tokenmill.formats.megatron import IndexedDataset  # noqa: E402
+
+FLAGS = (
+    "reset_position_ids",
+    "reset_attention_mask",
+    "eod_mask_loss",
+    "create_attention_mask",
+    "add_extra_token_to_sequence",
+    "drop_last_partial_validation_sequence",
+    "inter_document_masking",
+)
+
+
+def assert_same_indices(ours: Any, theirs: Any) -> None:
+    for name in ("document_index", "sample_index", "shuffle_index"):
+        mine, reference = np.asarray(getattr(ours, name)), np.asarray(getattr(theirs, name))
+        assert mine.dtype == reference.dtype, name
+        assert mine.shape == reference.shape, name
+        np.testing.assert_array_equal(mine, reference, err_msg=name)
+    assert len(ours) == len(theirs)
+
+
+def assert_same_sample(ours: dict[str, Any], theirs: dict[str, Any], where: str) -> None:
+    assert list(ours) == list(theirs), where
+    for key in theirs:
+        mine, reference = ours[key], theirs[key]
+        assert mine.dtype == reference.dtype, f"{where} {key}"
+        assert mine.shape == reference.shape, f"{where} {key}"
+        assert torch.equal(mine, reference), f"{where} {key}"
+
+
+def make_corpus(tmp_path: Path, rng: np.random.Generator, kind: str) -> str:
+    if kind == "short":  # many length-1 and tiny documents
+        documents = [[0] if rng.random() < 0.4 else [1, 2, 0][: rng.integers(1, 4)] for _ in range(80)]
+    elif kind == "long":  # documents much longer than the sequence
+        documents = random_documents(rng, 12, max_length=3000)
+    else:
+        documents = random_documents(rng, 150, max_length=400)
+    return write_megatron_shard(tmp_path / f"corpus-{kind}", documents)
+
+
+@pytest.mark.parametrize("case", range(48))
+def test_gpt_dataset_matches_megatron(tmp_path: Path, case: int) -> None:
+    rng = np.random.default_rng(1000 + case)
+    prefix = make_corpus(tmp_path, rng, ["mixed", "short", "long"][case % 3])
+    flags = {name: bool(rng.integers(2)) for name in FLAGS}
+    sequence_length = int(rng.choice([1, 2, 7, 64, 257]))
+    seed = int(rng.integers(0, 2**32))
+    split = [Split.train, Split.valid, Split.test][case % 3]
+    low_level = IndexedDataset(prefix)
+    their_low_level = megatron_indexed.IndexedDataset(prefix)
+    count = len(low_level)
+    begin = int(rng.integers(0, count))
+    end = int(rng.integers(begin + 1, count + 1))
+    indices = np.arange(begin, end, dtype=np.int32)
+    tokens = int(low_level.sequence_lengths[indices].sum())
+    per_epoch = max((tokens - 1) // sequence_length, 1)
+    # None (one epoch), a fraction of an epoch, or several epochs (with or without a
+    # separate final epoch, decided by the 0.8 rule).
+    num_samples = [None, max(per_epoch // 2, 1), int(per_epoch * rng.uniform(1.05, 4.0))][case % 3]
+    if tokens - int(flags["add_extra_token_to_sequence"]) < sequence_length and num_samples:
+        num_samples = None
+    tokenizer = TinyTokenizer()
+    common = {"random_seed": seed, "sequence_length": sequence_length, "tokenizer": tokenizer}
+    common |= {"blend": ([prefix], None), "split": "1", **flags}
+    theirs = megatron_gpt.GPTDataset(
+        their_low_level,
+        prefix,
+        indices,
+        num_samples,
+        megatron_utils.Split[split.name],
+        megatron_gpt.GPTDatasetConfig(path_to_cache=str(tmp_path / "megatron"), **common),
+    )
+    ours = GPTDataset(
+        low_level,
+        prefix,
+        indices,
+        num_samples,
+        split,
+        GPTDatasetConfig(path_to_cache=str(tmp_path / "tokenmill"), **common),
+    )
+    assert ours.unique_description == theirs.unique_description
+    assert ours.unique_description_hash == theirs.unique_description_hash
+    assert_same_indices(ours, theirs)
+    for name in sorted(p.name for p in (tmp_path / "megatron").iterdir()):
+        assert (tmp_path / "tokenmill" / name).read_bytes() == (
+            tmp_path / "megatron" / name
+        ).read_bytes(), name
+    if len(theirs) == 0:
+        return
+    for idx in [*rng.integers(0, len(theirs), 6).tolist(), len(theirs) - 1, None]:
+        try:
+            expected = theirs[idx]
+        except RuntimeError:
+            # megatron-core cannot pad cu_seqlens when a sample has more (empty) document parts
+            # than tokens; tokenmill drops the empty parts instead of failing.
+            assert flags["inter_document_masking"]
+            cu_seqlens = ours[idx]["cu_seqlens"]
+            assert int(cu_seqlens[-1]) == sequence_length
+            assert bool((cu_seqlens[1:] >= cu_seqlens[:-1]).all())
+            continue
+        assert_same_sample(ours[idx], expected, f"case {case} idx {idx} {flags}")
+
+
+def test_pad_token_and_real_pads_match_megatron(tmp_path: Path) -> None:
+    rng = np.random.default_rng(5)
+    documents = random_documents(rng, 60, max_length=100)
+    for document in documents[::3]:
+        document[len(document) // 2] = 7  # a real pad token inside documents
+    prefix = write_megatron_shard(tmp_path / "padded", documents)
+    for pad, allow in [(7, False), (0, False), (0, True)]:
+        tokenizer = TinyTokenizer(pad=pad)
+        common = {
+            "random_seed": 3,
+            "sequence_length": 33,
+            "tokenizer": tokenizer,
+            "blend": ([prefix], None),
+            "split": "1",
+            "reset_position_ids": True,
+            "reset_attention_mask": False,
+            "eod_mask_loss": True,
+            "allow_ambiguous_pad_tokens": allow,
+            "drop_last_partial_validation_sequence": False,
+        }
+        indices = np.arange(60, dtype=np.int32)
+        with warnings.catch_warnings(record=True):
+            warnings.simplefilter("always")
+            theirs = megatron_gpt.GPTDataset(
+                megatron_indexed.IndexedDataset(prefix),
+                prefix,
+                indices,
+                None,
+                megatron_utils.Split.valid,
+                megatron_gpt.GPTDatasetConfig(**common),
+            )
+            ours = GPTDataset(
+                IndexedDataset(prefix),
+                prefix,
+                indices,
+                None,
+                Split.valid,
+                GPTDatasetConfig(path_to_cache=str(tmp_path / f"t{pad}{allow}"), **common),
+            )
+        assert ours._pad_token_id == theirs._pad_token_id
+        for idx in range(len(theirs)):
+            assert_same_sample(ours[idx], theirs[idx], f"pad {pad} idx {idx}")
+
+
+def test_mock_dataset_matches_megatron(tmp_path: Path) -> None:
+    tokenizer = TinyTokenizer(vocab_size=500, eod=3)
+    common = {
+        "random_seed": 11,
+        "sequence_length": 128,
+        "tokenizer": tokenizer,
+        "reset_position_ids": False,
+        "reset_attention_mask": False,
+        "eod_mask_loss": False,
+    }
+    their_config = megatron_gpt.GPTDatasetConfig(**common)
+    our_config = GPTDatasetConfig(**common)
+    assert our_config.mock
+    assert our_config.split_matrix == their_config.split_matrix
+    their_low = megatron_gpt.MockGPTDataset.build_low_level_dataset(None, their_config)
+    our_low = MockGPTDataset.build_low_level_dataset(None, our_config)
+    np.testing.assert_array_equal(our_low.sequence_lengths, their_low.sequence_lengths)
+    indices = np.arange(0, 2000, dtype=np.int32)
+    theirs = megatron_gpt.MockGPTDataset(
+        their_low, None, indices, 500, megatron_utils.Split.train, their_config
+    )
+    ours = MockGPTDataset(our_low, None, indices, 500, Split.train, our_config)
+    assert_same_indices(ours, theirs)
+    for idx in range(0, 500, 37):
+        assert_same_sample(ours[idx], theirs[idx], f"mock {idx}")
+
+
+def test_cache_written_by_megatron_is_a_hit(
+    tmp_path: Path, shard: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tokenizer = TinyTokenizer()
+    common = {
+        "random_seed": 9,
+        "sequence_length": 50,
+        "tokenizer": tokenizer,
+        "blend": ([shard], None),
+        "split": "1",
+        "reset_position_ids": False,
+        "reset_attention_mask": False,
+        "eod_mask_loss": False,
+        "path_to_cache": str(tmp_path / "cache"),
+    }
+    indices = np.arange(200, dtype=np.int32)
+    theirs = megatron_gpt.GPTDataset(
+        megatron_indexed.IndexedDataset(shard),
+        shard,
+        indices,
+        700,
+        megatron_utils.Split.train,
+        megatron_gpt.GPTDatasetConfig(**common),
+    )
+    before = {p.name: p.stat().st_mtime_ns for p in (tmp_path / "cache").iterdir()}
+
+    def no_build(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("tokenmill rebuilt an index megatron-core had cached")
+
+    monkeypatch.setattr("tokenmill.datasets.gpt.build_gpt_indices", no_build)
+    ours = GPTDataset(
+        IndexedDataset(shard), shard, indices, 700, Split.train, GPTDatasetConfig(**common)
+    )
+    assert_same_indices(ours, theirs)
+    after = {p.name: p.stat().st_mtime_ns for p in (tmp_path / "cache").iterdir() if p.name[0] != "."}
+    assert after == before
+    for idx in range(0, len(ours), 97):
+        assert_same_sample(ours[idx], theirs[idx], f"idx {idx}")
+
+
+def test_cache_written_by_tokenmill_is_a_hit_for_megatron(
+    tmp_path: Path, shard: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tokenizer = TinyTokenizer()
+    common = {
+        "random_seed": 9,
+        "sequence_length": 50,
+        "tokenizer": tokenizer,
+        "blend": ([shard], None),
+        "split": "1",
+        "reset_position_ids": True,
+        "reset_attention_mask": True,
+        "eod_mask_loss": True,
+        "path_to_cache": str(tmp_path / "cache"),
+    }
+    indices = np.arange(200, dtype=np.int32)
+    ours = GPTDataset(
+        IndexedDataset(shard), shard, indices, 1500, Split.train, GPTDatasetConfig(**common)
+    )
+    from megatron.core.datasets import helpers
+
+    def no_build(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("megatron-core rebuilt an index tokenmill had cached")
+
+    monkeypatch.setattr(helpers, "build_sample_idx", no_build)
+    theirs = megatron_gpt.GPTDataset(
+        megatron_indexed.IndexedDataset(shard),
+        shard,
+        indices,
+        1500,
+        megatron_utils.Split.train,
+        megatron_gpt.GPTDatasetConfig(**common),
+    )
+    assert_same_indices(ours, theirs)
+    for idx in range(0, len(ours), 131):
+        assert_same_sample(ours[idx], theirs[idx], f"idx {idx}")
