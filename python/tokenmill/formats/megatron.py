@@ -588,6 +588,12 @@ class IndexedDataset:
             if start == stop:
                 sequences: list[npt.NDArray[Any]] = []
             else:
+                if int(lengths.min()) < 0:
+                    bad = start + int(numpy.argmax(lengths < 0))
+                    raise DataFormatError(
+                        f"{get_idx_path(self.path_prefix)}: sequence {bad} has length "
+                        f"{int(self.index.sequence_lengths[bad])}; the index is corrupt"
+                    )
                 bounds = numpy.cumsum(lengths, dtype=numpy.int64)
                 tokens = self._read(
                     int(self.index.sequence_pointers[start]), int(bounds[-1]), start
