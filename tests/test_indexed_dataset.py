@@ -431,6 +431,32 @@ def test_abandoned_builder_leaves_nothing(tmp_path: Path) -> None:
     assert list(tmp_path.iterdir()) == []
 
 
+def test_builder_in_a_missing_directory(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match=r"missing/a\.bin"):
+        IndexedDatasetBuilder(str(tmp_path / "missing" / "a.bin"))
+
+
+def test_failed_merge_leaves_the_builder_consistent(
+    tmp_path: Path, shard: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tokenmill.formats import megatron
+
+    def failing_copy(source: int, destination: int, size: int, offset: int) -> None:
+        os.pwrite(destination, b"partial", offset)
+        raise OSError("disk full")
+
+    builder = IndexedDatasetBuilder(str(tmp_path / "m.bin"))
+    builder.add_document([1, 2], [2])
+    with monkeypatch.context() as patch:
+        patch.setattr(megatron, "_copy_file", failing_copy)
+        with pytest.raises(OSError, match="disk full"):
+            builder.add_index(str(shard))
+    builder.add_index(str(shard))
+    builder.finalize(str(tmp_path / "m.idx"))
+    merged = IndexedDataset(str(tmp_path / "m"))
+    assert [merged[i].tolist() for i in range(len(merged))] == [[1, 2], *flatten(DOCUMENTS)]
+
+
 def test_finalize_refuses_an_unterminated_document(tmp_path: Path) -> None:
     builder = IndexedDatasetBuilder(str(tmp_path / "a.bin"))
     builder.add_item([1, 2])

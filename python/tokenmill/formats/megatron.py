@@ -766,6 +766,10 @@ class IndexedDatasetBuilder:
         self._document_indices.append(0)
         self._sequence_modes = _GrowableArray(numpy.int8) if multimodal else None
         directory, name = os.path.split(os.path.abspath(self.bin_path))
+        if not os.path.isdir(directory):
+            raise FileNotFoundError(
+                errno.ENOENT, f"directory of {self.bin_path} does not exist: {directory}"
+            )
         descriptor, self._temporary_bin_path = tempfile.mkstemp(
             prefix=f".{name}.", suffix=".tmp", dir=directory
         )
@@ -974,7 +978,14 @@ class IndexedDatasetBuilder:
                 )
             self._data_file.flush()
             destination = self._data_file.fileno()
-            _copy_file(source.fileno(), destination, size, self._data_file.tell())
+            start = self._data_file.tell()
+            try:
+                _copy_file(source.fileno(), destination, size, start)
+            except BaseException:
+                # leave the shard as it was before this call, so the builder stays consistent
+                os.ftruncate(destination, start)
+                self._data_file.seek(start)
+                raise
             self._data_file.seek(0, os.SEEK_END)
 
         offset = len(self._sequence_lengths)
