@@ -420,6 +420,10 @@ def test_nothing_appears_before_finalize(tmp_path: Path) -> None:
     assert not (tmp_path / "a.bin").exists()
     builder.finalize(str(tmp_path / "a.idx"))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.bin", "a.idx"]
+    (tmp_path / "plain").write_bytes(b"")
+    plain_mode = (tmp_path / "plain").stat().st_mode
+    assert (tmp_path / "a.bin").stat().st_mode == plain_mode  # not mkstemp's 0600
+    assert (tmp_path / "a.idx").stat().st_mode == plain_mode
     with pytest.raises(ValueError, match="already finalized"):
         builder.add_item([3])
 

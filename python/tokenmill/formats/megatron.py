@@ -773,7 +773,9 @@ class IndexedDatasetBuilder:
         descriptor, self._temporary_bin_path = tempfile.mkstemp(
             prefix=f".{name}.", suffix=".tmp", dir=directory
         )
+        os.fchmod(descriptor, _default_file_mode())
         self._data_file = os.fdopen(descriptor, "wb")
+        self._owner_process = os.getpid()
         self._finalized = False
 
     # --- properties mirroring megatron's public attributes -------------------------------------
@@ -1048,7 +1050,8 @@ class IndexedDatasetBuilder:
 
     def __del__(self) -> None:
         # an abandoned builder leaves no partial shard behind
-        if not getattr(self, "_finalized", True):
+        # only in the creating process: a forked child must not delete its parent's shard
+        if not getattr(self, "_finalized", True) and self._owner_process == os.getpid():
             self._data_file.close()
             _remove_quietly(self._temporary_bin_path)
 
