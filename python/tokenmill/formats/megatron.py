@@ -254,7 +254,12 @@ class _IndexReader:
                         f"{idx_path}: index is {file_size} bytes but its header ({sequence_count} "
                         f"sequences, {document_count} document boundaries"
                         f"{', multimodal' if multimodal else ''}) needs {expected}; the file is "
-                        "truncated" + ("" if multimodal else " or not a megatron index")
+                        "truncated"
+                        + (
+                            " or was not written with multimodal=True"
+                            if multimodal
+                            else " or not a megatron index"
+                        )
                     )
                 if file_size != expected and not (
                     not multimodal and file_size == expected + trailer
