@@ -254,7 +254,12 @@ class _IndexReader:
                         f"{idx_path}: index is {file_size} bytes but its header ({sequence_count} "
                         f"sequences, {document_count} document boundaries"
                         f"{', multimodal' if multimodal else ''}) needs {expected}; the file is "
-                        "truncated" + ("" if multimodal else " or not a megatron index")
+                        "truncated"
+                        + (
+                            " or was not written with multimodal=True"
+                            if multimodal
+                            else " or not a megatron index"
+                        )
                     )
                 if file_size != expected and not (
                     not multimodal and file_size == expected + trailer
@@ -588,6 +593,12 @@ class IndexedDataset:
             if start == stop:
                 sequences: list[npt.NDArray[Any]] = []
             else:
+                if int(lengths.min()) < 0:
+                    bad = start + int(numpy.argmax(lengths < 0))
+                    raise DataFormatError(
+                        f"{get_idx_path(self.path_prefix)}: sequence {bad} has length "
+                        f"{int(self.index.sequence_lengths[bad])}; the index is corrupt"
+                    )
                 bounds = numpy.cumsum(lengths, dtype=numpy.int64)
                 tokens = self._read(
                     int(self.index.sequence_pointers[start]), int(bounds[-1]), start
@@ -760,10 +771,16 @@ class IndexedDatasetBuilder:
         self._document_indices.append(0)
         self._sequence_modes = _GrowableArray(numpy.int8) if multimodal else None
         directory, name = os.path.split(os.path.abspath(self.bin_path))
+        if not os.path.isdir(directory):
+            raise FileNotFoundError(
+                errno.ENOENT, f"directory of {self.bin_path} does not exist: {directory}"
+            )
         descriptor, self._temporary_bin_path = tempfile.mkstemp(
             prefix=f".{name}.", suffix=".tmp", dir=directory
         )
+        os.fchmod(descriptor, _default_file_mode())
         self._data_file = os.fdopen(descriptor, "wb")
+        self._owner_process = os.getpid()
         self._finalized = False
 
     # --- properties mirroring megatron's public attributes -------------------------------------
@@ -968,7 +985,14 @@ class IndexedDatasetBuilder:
                 )
             self._data_file.flush()
             destination = self._data_file.fileno()
-            _copy_file(source.fileno(), destination, size, self._data_file.tell())
+            start = self._data_file.tell()
+            try:
+                _copy_file(source.fileno(), destination, size, start)
+            except BaseException:
+                # leave the shard as it was before this call, so the builder stays consistent
+                os.ftruncate(destination, start)
+                self._data_file.seek(start)
+                raise
             self._data_file.seek(0, os.SEEK_END)
 
         offset = len(self._sequence_lengths)
@@ -1031,7 +1055,8 @@ class IndexedDatasetBuilder:
 
     def __del__(self) -> None:
         # an abandoned builder leaves no partial shard behind
-        if not getattr(self, "_finalized", True):
+        # only in the creating process: a forked child must not delete its parent's shard
+        if not getattr(self, "_finalized", True) and self._owner_process == os.getpid():
             self._data_file.close()
             _remove_quietly(self._temporary_bin_path)
 
