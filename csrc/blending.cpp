@@ -5,32 +5,36 @@
 // sample, O(samples x n).
 //
 // Here the datasets are the leaves of a complete binary tree. Every internal node holds the
-// winner of its subtree at the time it was last computed, under the total order "larger key
-// wins, equal keys go to the lower index" (the left child always holds the lower indices, so the
-// root winner is exactly megatron's first strict maximum). Between two samples only the chosen
-// dataset's count changes; time moves every node's keys, but along straight lines, so each node
-// also stores a certificate: a time before which its loser cannot catch its winner while their
-// counts stay fixed. A sample then costs:
-//   * the path from the chosen leaf to the root, recomputed (O(log n));
-//   * every node whose certificate expired, recomputed (amortised few per sample for realistic
-//     weights, because a node's winner changes about as often as its subtree is sampled).
-// `subtree_expiry[v]` is the minimum certificate in v's subtree, so expired nodes are found by a
-// pruned descent from the root.
+// winner of its subtree under the total order "larger key wins, equal keys go to the lower
+// index"; the left child always holds the lower indices, so the root winner is exactly
+// megatron's first strict maximum. Between two samples only the chosen dataset's count changes.
+// Time moves every key, but along straight lines, so each node also stores a certificate: a
+// time before which its loser cannot catch its winner while their counts stay fixed, and
+// `expiry_[v]` is the smallest certificate in v's subtree. The sample after dataset d costs:
+//   * the off-path subtrees (the siblings of d's leaf-to-root path) that hold an expired
+//     certificate, refreshed children-first (few per sample: a node's winner changes about as
+//     often as its subtree is sampled, though a heavily weighted dataset that drops after a
+//     sample and climbs back past several ancestors can cost several);
+//   * d's path, recomputed from the siblings' winners (O(log n)). Their keys are independent, so
+//     the serial chain each sample waits on is one comparison per level.
+// Invariants: after a refresh at time t every node's winner is exact at t, and every node whose
+// certificate is > t is exact at every integer time below its certificate.
 //
 // Bit-identity: decisions are never taken from a certificate. Each recomputation evaluates both
 // keys with the exact expression above and compares them exactly. A certificate only says when to
-// look again, and it is computed conservatively: it asks the exact-arithmetic gap between the two
-// lines to exceed 32 units of roundoff of every term (a proven bound on both keys' rounding
-// error, plus the error of computing the certificate itself, is below 12), so for every integer
-// time before it the floating-point comparison has the same outcome. When the margin cannot be
-// shown (nearly equal weights, or values so large that products might overflow) the node is
-// simply re-examined at the next sample, which is slower but still exact.
+// look again and is computed conservatively (see certify()), so for every integer time before it
+// the floating-point comparison has the same outcome. When the margin cannot be shown (nearly
+// equal weights) the node is re-examined at the next sample: slower, still exact. Inputs whose
+// products could approach overflow, and blends of at most kScanMaxDatasets datasets, take a
+// plain scan, exact by construction.
 //
 // Exhaustive blending is the same tree with weights sizes[d] / total; a dataset whose count
-// reaches its size becomes a dead leaf that never wins, which is megatron's removal from its set.
+// reaches its size points its leaf at a sentinel that never wins, which is megatron's removal
+// from its set.
 //
-// Floating-point contraction (FMA) would change the keys, so this file is compiled with
-// -ffp-contract=off (CMakeLists.txt).
+// Cost: O(log n) per sample for the path plus the expired certificates; measured in
+// benchmarks/BLENDING.md. Floating-point contraction (FMA) would change the keys, so this file is
+// compiled with -ffp-contract=off (CMakeLists.txt).
 #include "blending.hpp"
 
 #include <algorithm>
@@ -41,135 +45,164 @@
 namespace tokenmill {
 namespace {
 
-// Up to this many datasets the plain scan is as fast as the tree or faster (measured on random,
-// equal and power-law weights; benchmarks/BLENDING.md).
-constexpr size_t kScanMaxDatasets = 48;
+// Up to this many datasets the plain scan is about as fast as the tree or faster: measured, the
+// tree wins from ~30 datasets for equal or power-law weights but only from ~200 for uniform or
+// lognormal ones (benchmarks/BLENDING.md).
+constexpr size_t kScanMaxDatasets = 128;
 
-constexpr int64_t kNever = std::numeric_limits<int64_t>::max();
-constexpr int32_t kDead = -1;
+constexpr double kNever = std::numeric_limits<double>::infinity();
 
-// 32 units of roundoff (u = 2^-53). See the header comment for why 32 is ample.
+// 32 units of roundoff (u = 2^-53); see certify().
 constexpr double kMargin = 0x1p-48;
 // Absorbs the absolute error of a product that underflows into the subnormal range.
 constexpr double kTiny = 0x1p-1000;
-// Certificates further out than this are treated as never expiring.
-constexpr double kFar = 0x1p62;
 
-inline double key(double weight, double count, double t) {
+inline double key(double weight, double count, double time) {
   // Exactly megatron's expression: the product is rounded, then the difference.
-  return weight * t - count;
+  return weight * time - count;
 }
 
-// First time after `t` at which the loser might beat the winner, given fixed counts.
-// `winner_first`: the winner has the lower index, so it also wins ties.
-inline int64_t certify(double w_win, double c_win, double w_lose, double c_lose, int64_t t,
-                       bool winner_first) {
-  // Equal weights give equal products at every t, and fl(p - c) is monotone in c, so the
-  // comparison is settled by the counts alone for as long as they stay fixed.
-  if (w_win == w_lose && winner_first && c_win <= c_lose) return kNever;
-  // gap(t') = (w_win - w_lose) t' + (c_lose - c_win), required to exceed the margin
-  // kMargin * ((w_win + w_lose) t' + c_win + c_lose); both sides are lines in t'.
+// The certificate of a match that `win` (weight, count) leads over `lose` at `time`: a time
+// before which, while both counts stay fixed, `lose` cannot win at any integer time. The node
+// is valid for integer t' < certificate and recomputed at the first t' >= it.
+//
+// gap(t') = (w_win - w_lose) t' + (c_lose - c_win) is the exact-arithmetic lead. Each key carries
+// at most 3u(w t' + c) of rounding error (u = 2^-53: one rounding of the product, one of the
+// difference), so the floating-point comparison cannot flip while gap(t') exceeds
+// kMargin ((w_win + w_lose) t' + c_win + c_lose); evaluating that line in doubles costs at most
+// ~6u more of the same scale, well inside kMargin = 32u. The condition is linear in t': if it
+// rises it holds forever once it holds at time + 1; if it falls it holds until its root, which
+// is shrunk by 2^-40 to stay below the true root. Otherwise: look again at time + 1.
+// `winner_first`: the winner has the lower index, so it also wins ties. Equal weights round to
+// equal products and fl(p - c) is monotone in c, so then the counts alone settle the match.
+// Branch-free on purpose: the outcome is unpredictable and a mispredict costs more than the
+// arithmetic of both sides.
+inline double certify(double w_win, double c_win, double w_lose, double c_lose, double time,
+                      bool winner_first) {
+  const double next = time + 1.0;
   const double slope = (w_win - w_lose) - kMargin * (w_win + w_lose);
   const double offset = (c_lose - c_win) - kMargin * (c_win + c_lose) - kTiny;
-  if (slope >= 0.0) {
-    return slope * static_cast<double>(t + 1) + offset > 0.0 ? kNever : t + 1;
-  }
-  if (!(offset > 0.0)) return t + 1;
   const double crossing = offset / -slope * (1.0 - 0x1p-40);
-  if (!(crossing < kFar)) return kNever;
-  const auto until = static_cast<int64_t>(crossing);
-  return until > t + 1 ? until : t + 1;
+  const double rising = slope * next + offset > 0.0 ? kNever : next;
+  const double later = crossing > next ? crossing : next;
+  const double falling = offset > 0.0 ? later : next;
+  const double bound = slope >= 0.0 ? rising : falling;
+  const bool settled = (w_win == w_lose && winner_first && c_win <= c_lose) ||
+                       c_lose == kNever || c_win == kNever;  // a dead side never flips
+  return settled ? kNever : bound;
 }
 
-// The tournament tree over n datasets; see the file comment. Each node keeps a copy of its
-// winner's weight and count, so recomputing a node reads only its two adjacent children.
+// The tournament tree over n datasets; see the file comment. Node v (1-based heap order, leaves
+// at [leaves_, 2 * leaves_)) stores the dataset winning its subtree and the smallest certificate
+// in that subtree. Dataset n is a sentinel with count +inf (key -inf): padding leaves and spent
+// datasets point at it and never win.
 class KineticTournament {
  public:
-  explicit KineticTournament(std::span<const double> weights) {
-    leaves_ = 1;
-    while (leaves_ < weights.size()) leaves_ *= 2;
-    nodes_.resize(2 * leaves_);
-    for (size_t d = 0; d < weights.size(); ++d) {
-      nodes_[leaves_ + d] = Node{weights[d], 0.0, kNever, kNever, static_cast<int32_t>(d)};
+  explicit KineticTournament(std::span<const double> weights)
+      : dead_(static_cast<int32_t>(weights.size())) {
+    depth_ = 0;
+    while ((size_t{1} << depth_) < weights.size()) ++depth_;
+    leaves_ = size_t{1} << depth_;
+    weight_.assign(weights.begin(), weights.end());
+    weight_.push_back(0.0);
+    count_.assign(weights.size(), 0.0);
+    count_.push_back(kNever);
+    winner_.assign(2 * leaves_, dead_);
+    expiry_.assign(2 * leaves_, kNever);
+    for (size_t d = 0; d < weights.size(); ++d) winner_[leaves_ + d] = static_cast<int32_t>(d);
+  }
+
+  // The winner of the first sample (time 1): builds every node.
+  size_t first_winner() {
+    for (size_t v = leaves_ - 1; v >= 1; --v) recompute(v, 1.0);
+    return static_cast<size_t>(winner_[1]);
+  }
+
+  // Records one more sample of `taken` (the previous winner), or its removal when `spent`, and
+  // returns the winner at `time`.
+  size_t next_winner(size_t taken, double count, double time) {
+    count_[taken] = count;
+    const size_t leaf = leaves_ + taken;
+    // Off-path subtrees first: each hangs off the path as a sibling, and only expired ones are
+    // entered. The path itself is recomputed below from those siblings.
+    for (size_t k = 0; k < depth_; ++k) {
+      const size_t sibling = (leaf >> k) ^ 1;
+      if (expiry_[sibling] <= time) refresh(sibling, time);
     }
-    // Every internal node starts expired, so the first refresh builds the whole tree.
-    for (size_t v = 1; v < leaves_; ++v) nodes_[v].own_expiry = nodes_[v].subtree_expiry = 0;
+    return update_path(leaf, time);
   }
 
-  // The winner at time t, after refreshing every node that needs it.
-  size_t winner(int64_t t) {
-    refresh(1, t, static_cast<double>(t));
-    return static_cast<size_t>(nodes_[1].dataset);
-  }
-
-  // Count one sample of dataset d; returns the count before it.
-  double take(size_t d) {
-    const double before = nodes_[leaves_ + d].count;
-    nodes_[leaves_ + d].count = before + 1.0;
-    expire_path(d);
-    return before;
-  }
-
-  // Remove a spent dataset from the competition (exhaustive blending).
-  void kill(size_t d) {
-    nodes_[leaves_ + d].dataset = kDead;
-    expire_path(d);
-  }
+  void kill(size_t d) { winner_[leaves_ + d] = dead_; }
 
  private:
-  struct Node {
-    double weight = 0.0;  // of the winner
-    double count = 0.0;   // of the winner; exact, counts stay far below 2^53
-    int64_t own_expiry = kNever;      // this node's certificate
-    int64_t subtree_expiry = kNever;  // min certificate in the subtree
-    int32_t dataset = kDead;          // the winner, kDead for an empty subtree
-  };
-
-  void expire_path(size_t d) {
-    for (size_t v = (leaves_ + d) >> 1; v >= 1; v >>= 1) {
-      nodes_[v].own_expiry = 0;
-      nodes_[v].subtree_expiry = 0;
+  // Recomputes every node on the leaf's path at `time`. The siblings' winners are loaded and
+  // their keys computed independently, so the only serial chain is one comparison per level,
+  // which is what every sample waits on.
+  size_t update_path(size_t leaf, double time) {
+    int32_t sibling_winner[kMaxDepth];
+    double sibling_key[kMaxDepth];
+    for (size_t k = 0; k < depth_; ++k) {
+      const int32_t w = winner_[(leaf >> k) ^ 1];
+      sibling_winner[k] = w;
+      sibling_key[k] = key(weight_[static_cast<size_t>(w)], count_[static_cast<size_t>(w)], time);
     }
+    int32_t current = winner_[leaf];
+    double current_key =
+        key(weight_[static_cast<size_t>(current)], count_[static_cast<size_t>(current)], time);
+    double below = kNever;  // min certificate under the current path node
+    for (size_t k = 0; k < depth_; ++k) {
+      const int32_t other = sibling_winner[k];
+      const double other_key = sibling_key[k];
+      // The left child holds the lower indices and wins ties.
+      const bool path_is_left = ((leaf >> k) & 1) == 0;
+      const bool keep = path_is_left ? current_key >= other_key : current_key > other_key;
+      const int32_t win = keep ? current : other;
+      const int32_t lose = keep ? other : current;
+      const auto w = static_cast<size_t>(win);
+      const auto l = static_cast<size_t>(lose);
+      const double own = certify(weight_[w], count_[w], weight_[l], count_[l], time,
+                                 keep == path_is_left);
+      const double sibling_expiry = expiry_[(leaf >> k) ^ 1];
+      below = std::min({below, own, sibling_expiry});
+      const size_t parent = leaf >> (k + 1);
+      winner_[parent] = win;
+      expiry_[parent] = below;
+      current = win;
+      current_key = keep ? current_key : other_key;
+    }
+    return static_cast<size_t>(current);
   }
 
-  // Brings v's subtree up to date at time t; returns whether v's winner changed.
-  bool refresh(size_t v, int64_t t, double time) {
-    if (v >= leaves_ || nodes_[v].subtree_expiry > t) return false;
-    const size_t left = 2 * v;
-    // Both children must be refreshed: no short-circuit.
-    const bool left_changed = refresh(left, t, time);
-    const bool right_changed = refresh(left + 1, t, time);
-    Node& node = nodes_[v];
-    const Node& a = nodes_[left];
-    const Node& b = nodes_[left + 1];
-    bool changed = false;
-    // A node whose certificate holds and whose children kept their winners is still right
-    // (a count change only happens on the expired path).
-    if (left_changed || right_changed || node.own_expiry <= t) {
-      const int32_t before = node.dataset;
-      const Node* win = &a;
-      if (a.dataset == kDead || b.dataset == kDead) {
-        if (a.dataset == kDead) win = &b;
-        node.own_expiry = kNever;
-      } else if (key(a.weight, a.count, time) >= key(b.weight, b.count, time)) {
-        node.own_expiry = certify(a.weight, a.count, b.weight, b.count, t, true);
-      } else {
-        win = &b;
-        node.own_expiry = certify(b.weight, b.count, a.weight, a.count, t, false);
-      }
-      node.weight = win->weight;
-      node.count = win->count;
-      node.dataset = win->dataset;
-      changed = node.dataset != before;
-    }
-    int64_t expiry = node.own_expiry;
-    if (left < leaves_) expiry = std::min({expiry, a.subtree_expiry, b.subtree_expiry});
-    node.subtree_expiry = expiry;
-    return changed;
+  // Brings an off-path subtree up to date: every node in it whose subtree holds an expired
+  // certificate is recomputed, children first.
+  void refresh(size_t v, double time) {
+    if (v >= leaves_ || expiry_[v] > time) return;
+    refresh(2 * v, time);
+    refresh(2 * v + 1, time);
+    recompute(v, time);
   }
 
+  void recompute(size_t v, double time) {
+    const int32_t a = winner_[2 * v];
+    const int32_t b = winner_[2 * v + 1];
+    const auto ia = static_cast<size_t>(a);
+    const auto ib = static_cast<size_t>(b);
+    const bool left_wins = key(weight_[ia], count_[ia], time) >= key(weight_[ib], count_[ib], time);
+    const size_t w = left_wins ? ia : ib;
+    const size_t l = left_wins ? ib : ia;
+    const double own = certify(weight_[w], count_[w], weight_[l], count_[l], time, left_wins);
+    winner_[v] = left_wins ? a : b;
+    expiry_[v] = std::min({own, expiry_[2 * v], expiry_[2 * v + 1]});
+  }
+
+  static constexpr size_t kMaxDepth = 40;
+  int32_t dead_;
+  size_t depth_ = 0;
   size_t leaves_ = 1;
-  std::vector<Node> nodes_;  // 1-based heap order; leaves at [leaves_, 2 * leaves_)
+  std::vector<double> weight_;   // per dataset, then the sentinel's 0
+  std::vector<double> count_;    // per dataset (exact: far below 2^53), then the sentinel's +inf
+  std::vector<int32_t> winner_;  // per node
+  std::vector<double> expiry_;   // per node: min certificate in its subtree (leaves: never)
 };
 
 // True if some key could overflow or leave the range where the certificate bounds hold; such
@@ -236,10 +269,13 @@ void build_blending_indices(std::span<const double> weights, std::span<IndexT> d
     return;
   }
   KineticTournament tree(weights);
-  for (size_t i = 0; i < samples; ++i) {
-    const size_t d = tree.winner(static_cast<int64_t>(std::max<size_t>(i, 1)));
+  std::vector<int64_t> counts(weights.size(), 0);
+  size_t d = tree.first_winner();
+  for (size_t i = 0;;) {
     dataset_index[i] = static_cast<IndexT>(d);
-    dataset_sample_index[i] = static_cast<int64_t>(tree.take(d));
+    dataset_sample_index[i] = counts[d]++;
+    if (++i == samples) break;
+    d = tree.next_winner(d, static_cast<double>(counts[d]), static_cast<double>(i));
   }
 }
 
@@ -262,23 +298,26 @@ void build_exhaustive_blending_indices(std::span<const int64_t> sizes,
     return;
   }
   KineticTournament tree(weights);
-  size_t alive = 0;
+  std::vector<int64_t> counts(n, 0);
+  size_t alive = n;
   for (size_t d = 0; d < n; ++d) {
-    if (sizes[d] > 0) {
-      ++alive;
-    } else {
-      tree.kill(d);
-    }
-  }
-  for (size_t i = 0; i < samples && alive > 0; ++i) {
-    const size_t d = tree.winner(static_cast<int64_t>(std::max<size_t>(i, 1)));
-    dataset_index[i] = static_cast<IndexT>(d);
-    const double before = tree.take(d);
-    dataset_sample_index[i] = static_cast<int64_t>(before);
-    if (before + 1.0 >= static_cast<double>(sizes[d])) {
+    if (sizes[d] <= 0) {
       tree.kill(d);
       --alive;
     }
+  }
+  if (alive == 0) return;
+  size_t d = tree.first_winner();
+  for (size_t i = 0;;) {
+    dataset_index[i] = static_cast<IndexT>(d);
+    dataset_sample_index[i] = counts[d]++;
+    // A spent dataset leaves the competition, as megatron erases it from its set.
+    if (counts[d] >= sizes[d]) {
+      tree.kill(d);
+      if (--alive == 0) break;
+    }
+    if (++i == samples) break;
+    d = tree.next_winner(d, static_cast<double>(counts[d]), static_cast<double>(i));
   }
 }
 
