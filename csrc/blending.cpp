@@ -213,47 +213,106 @@ bool needs_scan(std::span<const double> weights, size_t samples) {
   return !(max_weight * static_cast<double>(std::max<size_t>(samples, 1)) < 0x1p900);
 }
 
+constexpr size_t kScanWays = 4;  // independent running maxima
+
+// The first d < lanes (a multiple of kScanWays) with the largest weight[d] * time - count[d]:
+// megatron's scan, computed as kScanWays interleaved scans whose running maxima do not wait on
+// each other. Each keeps the first index holding its maximum (strict >), so the answer is the
+// smallest index among those holding the overall maximum.
+inline size_t scan_first_max(const double* weight, const double* count, size_t lanes,
+                             double time) {
+  if (lanes <= 2 * kScanWays) {
+    // Few datasets: megatron's own loop is faster than merging interleaved maxima (measured).
+    size_t first = 0;
+    double top = key(weight[0], count[0], time);
+    for (size_t d = 1; d < lanes; ++d) {
+      const double k = key(weight[d], count[d], time);
+      if (k > top) {
+        top = k;
+        first = d;
+      }
+    }
+    return first;
+  }
+  double best[kScanWays];
+  size_t where[kScanWays];
+  for (size_t a = 0; a < kScanWays; ++a) {
+    best[a] = -kNever;
+    where[a] = a;
+  }
+  for (size_t d = 0; d < lanes; d += kScanWays) {
+    for (size_t a = 0; a < kScanWays; ++a) {
+      const double k = key(weight[d + a], count[d + a], time);
+      // A mask, not a branch: the running maximum changes unpredictably, and GCC otherwise
+      // branches on it (measured 1.3x slower at 100 datasets).
+      const size_t take = size_t{0} - static_cast<size_t>(k > best[a]);
+      where[a] = (where[a] & ~take) | ((d + a) & take);
+      best[a] = k > best[a] ? k : best[a];
+    }
+  }
+  double top = best[0];
+  for (size_t a = 1; a < kScanWays; ++a) top = best[a] > top ? best[a] : top;
+  size_t first = lanes;
+  for (size_t a = 0; a < kScanWays; ++a) {
+    if (best[a] == top && where[a] < first) first = where[a];
+  }
+  return first;
+}
+
+// Every dataset examined at every sample. Padding lanes and spent datasets have count +inf
+// (weight 0 for padding), so they never win.
+class Scan {
+ public:
+  explicit Scan(std::span<const double> weights) {
+    const size_t padded = (weights.size() + kScanWays - 1) / kScanWays * kScanWays;
+    weight_.assign(padded, 0.0);
+    count_.assign(padded, kNever);
+    std::copy(weights.begin(), weights.end(), weight_.begin());
+    std::fill_n(count_.begin(), weights.size(), 0.0);
+  }
+  size_t winner(double time) const {
+    return scan_first_max(weight_.data(), count_.data(), weight_.size(), time);
+  }
+  void set_count(size_t d, double count) { count_[d] = count; }
+
+ private:
+  std::vector<double> weight_;
+  std::vector<double> count_;
+};
+
 template <typename IndexT>
 void scan_blending(std::span<const double> weights, std::span<IndexT> dataset_index,
                    std::span<int64_t> dataset_sample_index) {
-  const size_t n = weights.size();
-  std::vector<int64_t> counts(n, 0);
+  Scan scan(weights);
+  std::vector<int64_t> counts(weights.size(), 0);
   for (size_t i = 0; i < dataset_index.size(); ++i) {
-    const double t = static_cast<double>(std::max<size_t>(i, 1));
-    size_t best = 0;
-    double best_key = key(weights[0], static_cast<double>(counts[0]), t);
-    for (size_t d = 1; d < n; ++d) {
-      const double k = key(weights[d], static_cast<double>(counts[d]), t);
-      if (k > best_key) {
-        best_key = k;
-        best = d;
-      }
-    }
-    dataset_index[i] = static_cast<IndexT>(best);
-    dataset_sample_index[i] = counts[best]++;
+    const size_t d = scan.winner(static_cast<double>(std::max<size_t>(i, 1)));
+    dataset_index[i] = static_cast<IndexT>(d);
+    dataset_sample_index[i] = counts[d]++;
+    scan.set_count(d, static_cast<double>(counts[d]));
   }
 }
 
 template <typename IndexT>
 void scan_exhaustive(std::span<const int64_t> sizes, std::span<const double> weights,
                      std::span<IndexT> dataset_index, std::span<int64_t> dataset_sample_index) {
-  const size_t n = sizes.size();
-  std::vector<int64_t> counts(n, 0);
-  for (size_t i = 0; i < dataset_index.size(); ++i) {
-    const double t = static_cast<double>(std::max<size_t>(i, 1));
-    size_t best = n;
-    double best_key = 0.0;
-    for (size_t d = 0; d < n; ++d) {
-      if (counts[d] >= sizes[d]) continue;
-      const double k = key(weights[d], static_cast<double>(counts[d]), t);
-      if (best == n || k > best_key) {
-        best_key = k;
-        best = d;
-      }
+  Scan scan(weights);
+  std::vector<int64_t> counts(sizes.size(), 0);
+  size_t alive = sizes.size();
+  for (size_t d = 0; d < sizes.size(); ++d) {
+    if (sizes[d] <= 0) {
+      scan.set_count(d, kNever);
+      --alive;
     }
-    if (best == n) return;  // every dataset spent: the caller sized the output wrongly
-    dataset_index[i] = static_cast<IndexT>(best);
-    dataset_sample_index[i] = counts[best]++;
+  }
+  for (size_t i = 0; i < dataset_index.size() && alive > 0; ++i) {
+    const size_t d = scan.winner(static_cast<double>(std::max<size_t>(i, 1)));
+    dataset_index[i] = static_cast<IndexT>(d);
+    dataset_sample_index[i] = counts[d]++;
+    // A spent dataset leaves the competition, as megatron erases it from its set.
+    const bool spent = counts[d] >= sizes[d];
+    alive -= spent ? 1 : 0;
+    scan.set_count(d, spent ? kNever : static_cast<double>(counts[d]));
   }
 }
 
