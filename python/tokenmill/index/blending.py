@@ -16,7 +16,7 @@ chosen dataset's count changes, so only its leaf-to-root path is recomputed, plu
 whose certificate (a conservative time before which their loser cannot overtake their winner)
 has expired: about O(samples x log datasets). Every decision is still taken by comparing the
 exact float64 errors, so rounding and ties come out as in megatron; certificates only decide
-when to look again. Up to 48 datasets a plain scan is used. Measurements:
+when to look again. Up to 128 datasets a branch-free scan is used instead. Measurements:
 ``benchmarks/BLENDING.md``.
 
 The weights are used as given: megatron's BlendedDataset normalises them (``w / sum(w)`` in
