@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+
 from conftest import TinyTokenizer, random_documents, write_megatron_shard
 
 pytestmark = pytest.mark.megatron
@@ -21,16 +22,18 @@ pytestmark = pytest.mark.megatron
 torch = pytest.importorskip("torch")
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")
-    megatron_builder = pytest.importorskip("megatron.core.datasets.blended_megatron_dataset_builder")
+    megatron_builder = pytest.importorskip(
+        "megatron.core.datasets.blended_megatron_dataset_builder"
+    )
     megatron_blended = pytest.importorskip("megatron.core.datasets.blended_dataset")
     megatron_gpt = pytest.importorskip("megatron.core.datasets.gpt_dataset")
     megatron_config = pytest.importorskip("megatron.core.datasets.blended_megatron_dataset_config")
     megatron_utils = pytest.importorskip("megatron.core.datasets.utils")
 
-from tokenmill.datasets import utils  # noqa: E402
-from tokenmill.datasets.blended import BlendedDataset  # noqa: E402
-from tokenmill.datasets.builder import BlendedMegatronDatasetBuilder  # noqa: E402
-from tokenmill.datasets.gpt import GPTDataset, GPTDatasetConfig, MockGPTDataset  # noqa: E402
+from tokenmill.datasets import utils
+from tokenmill.datasets.blended import BlendedDataset
+from tokenmill.datasets.builder import BlendedMegatronDatasetBuilder
+from tokenmill.datasets.gpt import GPTDataset, GPTDatasetConfig, MockGPTDataset
 
 
 def shards(tmp_path: Path, rng: np.random.Generator, count: int) -> list[str]:
@@ -92,15 +95,15 @@ def build_both(
         **fields,
     }
     theirs = megatron_builder.BlendedMegatronDatasetBuilder(
-        megatron_gpt.MockGPTDataset if "blend" not in fields and "blend_per_split" not in fields
+        megatron_gpt.MockGPTDataset
+        if "blend" not in fields and "blend_per_split" not in fields
         else megatron_gpt.GPTDataset,
         sizes,
         lambda: True,
         megatron_gpt.GPTDatasetConfig(path_to_cache=str(tmp_path / "megatron"), **common),
     ).build()
     ours = BlendedMegatronDatasetBuilder(
-        MockGPTDataset if "blend" not in fields and "blend_per_split" not in fields
-        else GPTDataset,
+        MockGPTDataset if "blend" not in fields and "blend_per_split" not in fields else GPTDataset,
         sizes,
         lambda: True,
         GPTDatasetConfig(path_to_cache=str(tmp_path / "tokenmill"), **common),
@@ -201,9 +204,11 @@ def test_oversampling_raises_index_error_like_megatron(tmp_path: Path) -> None:
         reset_attention_mask=False,
         eod_mask_loss=False,
     )
-    members = BlendedMegatronDatasetBuilder(
-        GPTDataset, [None, None, None], lambda: True, config
-    ).build()[0].datasets
+    members = (
+        BlendedMegatronDatasetBuilder(GPTDataset, [None, None, None], lambda: True, config)
+        .build()[0]
+        .datasets
+    )
     with pytest.raises(IndexError, match="oversamples dataset"):
         BlendedDataset(members, [1.0, 1.0, 1.0], 10 * sum(len(m) for m in members), config)
 

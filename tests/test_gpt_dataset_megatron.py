@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+
 from conftest import TinyTokenizer, random_documents, write_megatron_shard
 
 pytestmark = pytest.mark.megatron
@@ -24,9 +25,9 @@ with warnings.catch_warnings():
     megatron_indexed = pytest.importorskip("megatron.core.datasets.indexed_dataset")
     megatron_utils = pytest.importorskip("megatron.core.datasets.utils")
 
-from tokenmill.datasets.gpt import GPTDataset, GPTDatasetConfig, MockGPTDataset  # noqa: E402
-from tokenmill.datasets.utils import Split  # noqa: E402
-from tokenmill.formats.megatron import IndexedDataset  # noqa: E402
+from tokenmill.datasets.gpt import GPTDataset, GPTDatasetConfig, MockGPTDataset
+from tokenmill.datasets.utils import Split
+from tokenmill.formats.megatron import IndexedDataset
 
 FLAGS = (
     "reset_position_ids",
@@ -59,7 +60,9 @@ def assert_same_sample(ours: dict[str, Any], theirs: dict[str, Any], where: str)
 
 def make_corpus(tmp_path: Path, rng: np.random.Generator, kind: str) -> str:
     if kind == "short":  # many length-1 and tiny documents
-        documents = [[0] if rng.random() < 0.4 else [1, 2, 0][: rng.integers(1, 4)] for _ in range(80)]
+        documents = [
+            [0] if rng.random() < 0.4 else [1, 2, 0][: rng.integers(1, 4)] for _ in range(80)
+        ]
     elif kind == "long":  # documents much longer than the sequence
         documents = random_documents(rng, 12, max_length=3000)
     else:
@@ -235,7 +238,9 @@ def test_cache_written_by_megatron_is_a_hit(
         IndexedDataset(shard), shard, indices, 700, Split.train, GPTDatasetConfig(**common)
     )
     assert_same_indices(ours, theirs)
-    after = {p.name: p.stat().st_mtime_ns for p in (tmp_path / "cache").iterdir() if p.name[0] != "."}
+    after = {
+        p.name: p.stat().st_mtime_ns for p in (tmp_path / "cache").iterdir() if p.name[0] != "."
+    }
     assert after == before
     for idx in range(0, len(ours), 97):
         assert_same_sample(ours[idx], theirs[idx], f"idx {idx}")

@@ -28,7 +28,7 @@ from tokenmill.datasets.megatron_dataset import describe
 from tokenmill.datasets.utils import normalize
 from tokenmill.errors import CacheError
 from tokenmill.index.blending import (
-    MAX_INT16_DATASETS,
+    INT16_MAX_DATASETS,
     build_blending_indices,
     build_exhaustive_blending_indices,
 )
@@ -134,7 +134,7 @@ class BlendedDataset:
         return int(self.size) if self.size is not None else int(sum(self.weights))
 
     def _specs(self) -> dict[str, ArraySpec]:
-        index_dtype = np.int16 if len(self.datasets) < MAX_INT16_DATASETS else np.int32
+        index_dtype = np.int16 if len(self.datasets) < INT16_MAX_DATASETS else np.int32
         length = (self._total(),)
         return {
             "dataset_index": ArraySpec((np.dtype(index_dtype),), length),

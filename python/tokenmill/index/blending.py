@@ -1,37 +1,145 @@
-"""Blending indices (placeholder wrapper; replaced by the blending branch)."""
+"""Blending indices for a BlendedDataset, bit-identical to megatron-core 0.19.
+
+A blend of n datasets is served through two arrays of the same length: ``dataset_index[i]`` says
+which dataset sample i comes from and ``dataset_sample_index[i]`` which sample of that dataset.
+
+Algorithm (megatron's rule, reproduced exactly). Greedy: for sample i let t = max(i, 1) as a
+float64 and give every dataset d the error ``weights[d] * t - count[d]`` (the product rounded,
+then the difference); the first dataset with the strictly largest error wins, its current count
+is the sample's position inside it, and its count goes up by one. Exhaustive: the weights are
+``sizes[d] / sum(sizes)`` and only datasets with samples left compete, until every dataset is
+spent (the output length is ``sum(sizes)``).
+
+Megatron evaluates every dataset at every sample: O(samples x datasets). The C++ kernel
+(``csrc/blending.cpp``) keeps the datasets in a kinetic tournament tree. Between samples only the
+chosen dataset's count changes, so only its leaf-to-root path is recomputed, plus the few nodes
+whose certificate (a conservative time before which their loser cannot overtake their winner)
+has expired: about O(samples x log datasets). Every decision is still taken by comparing the
+exact float64 errors, so rounding and ties come out as in megatron; certificates only decide
+when to look again. Up to 128 datasets a branch-free scan is used instead. Measurements:
+``benchmarks/BLENDING.md``.
+
+The weights are used as given: megatron's BlendedDataset normalises them (``w / sum(w)`` in
+float64) before calling its kernel, and so must a caller that wants the same samples.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import operator
 
 import numpy as np
 import numpy.typing as npt
 
 from tokenmill import _core
 
-MAX_INT16_DATASETS = 32767
+__all__ = [
+    "INT16_MAX_DATASETS",
+    "build_blending_indices",
+    "build_exhaustive_blending_indices",
+    "dataset_index_dtype",
+]
+
+#: megatron-core's BlendedDataset asserts ``len(datasets) < 32767`` and stores dataset ids as
+#: int16; tokenmill keeps int16 below that bound and switches to int32 at or above it.
+INT16_MAX_DATASETS = 32767
 
 
-def _index_dtype(count: int) -> type[np.integer]:
-    return np.int16 if count < MAX_INT16_DATASETS else np.int32
+def dataset_index_dtype(num_datasets: int) -> type[np.int16 | np.int32]:
+    """The dtype of ``dataset_index`` for a blend of ``num_datasets`` datasets."""
+    return np.int16 if num_datasets < INT16_MAX_DATASETS else np.int32
+
+
+def _as_vector(values: npt.ArrayLike, name: str, kinds: str, dtype: type[np.generic]) -> np.ndarray:
+    array = np.asarray(values)
+    if array.ndim != 1:
+        msg = f"{name} must be 1-D, got shape {array.shape}"
+        raise ValueError(msg)
+    if array.size == 0:  # checked before the dtype: an empty list comes out as float64
+        msg = f"{name} must not be empty"
+        raise ValueError(msg)
+    if array.dtype.kind not in kinds:
+        kind = "real numbers" if "f" in kinds else "integers"
+        msg = f"{name} must be {kind}, got dtype {array.dtype}"
+        raise TypeError(msg)
+    if array.dtype == np.uint64 and int(array.max()) > np.iinfo(np.int64).max:
+        first = int(np.argmax(array > np.iinfo(np.int64).max))
+        msg = f"{name}[{first}] = {int(array[first])} does not fit in int64"
+        raise ValueError(msg)
+    return np.ascontiguousarray(array, dtype=dtype)
+
+
+def _outputs(num_datasets: int, size: int) -> tuple[np.ndarray, npt.NDArray[np.int64]]:
+    if num_datasets > np.iinfo(np.int32).max:
+        msg = f"at most {np.iinfo(np.int32).max} datasets can be blended, got {num_datasets}"
+        raise ValueError(msg)
+    dataset_index = np.empty(size, dtype=dataset_index_dtype(num_datasets))
+    dataset_sample_index = np.empty(size, dtype=np.int64)
+    return dataset_index, dataset_sample_index
 
 
 def build_blending_indices(
-    weights: Sequence[float], size: int
-) -> tuple[npt.NDArray[np.integer], npt.NDArray[np.int64]]:
-    weights_array = np.ascontiguousarray(weights, dtype=np.float64)
-    dataset_index = np.zeros(size, dtype=_index_dtype(len(weights_array)))
-    dataset_sample_index = np.zeros(size, dtype=np.int64)
-    _core.build_blending_indices(weights_array, dataset_index, dataset_sample_index)
+    weights: npt.ArrayLike, size: int
+) -> tuple[npt.NDArray[np.signedinteger], npt.NDArray[np.int64]]:
+    """Greedy blending indices, as megatron-core's ``helpers.build_blending_indices``.
+
+    Args:
+        weights: one finite, non-negative weight per dataset (used as given, not normalised).
+        size: the number of samples to draw.
+
+    Returns:
+        ``(dataset_index, dataset_sample_index)``: int16 dataset ids (int32 from 32767 datasets
+        on) and int64 positions inside each dataset, both of length ``size``.
+
+    Raises:
+        TypeError: weights that are not real numbers, or a size that is not an integer.
+        ValueError: an empty or multi-dimensional weights array, a negative, NaN or infinite
+            weight (named with its index), or a negative size.
+    """
+    vector = _as_vector(weights, "weights", "iuf", np.float64)
+    bad = np.flatnonzero(~(np.isfinite(vector) & (vector >= 0.0)))
+    if bad.size:
+        first = int(bad[0])
+        msg = f"weights[{first}] must be finite and >= 0, got {float(vector[first])!r}"
+        raise ValueError(msg)
+    count = operator.index(size)
+    if count < 0:
+        msg = f"size must be >= 0, got {count}"
+        raise ValueError(msg)
+    dataset_index, dataset_sample_index = _outputs(vector.size, count)
+    _core.build_blending_indices(vector, dataset_index, dataset_sample_index)
     return dataset_index, dataset_sample_index
 
 
 def build_exhaustive_blending_indices(
-    sizes: Sequence[int],
-) -> tuple[npt.NDArray[np.integer], npt.NDArray[np.int64]]:
-    sizes_array = np.ascontiguousarray(sizes, dtype=np.int64)
-    total = int(sizes_array.sum())
-    dataset_index = np.zeros(total, dtype=_index_dtype(len(sizes_array)))
-    dataset_sample_index = np.zeros(total, dtype=np.int64)
-    _core.build_exhaustive_blending_indices(sizes_array, dataset_index, dataset_sample_index)
+    sizes: npt.ArrayLike,
+) -> tuple[npt.NDArray[np.signedinteger], npt.NDArray[np.int64]]:
+    """Exhaustive blending indices, as megatron-core's ``build_exhaustive_blending_indices``.
+
+    Every dataset d contributes exactly ``sizes[d]`` samples, interleaved by the greedy rule with
+    weights ``sizes[d] / sum(sizes)``.
+
+    Args:
+        sizes: the number of samples of each dataset, all > 0.
+
+    Returns:
+        ``(dataset_index, dataset_sample_index)`` of length ``sum(sizes)``, dtypes as in
+        :func:`build_blending_indices`.
+
+    Raises:
+        TypeError: sizes that are not integers.
+        ValueError: an empty or multi-dimensional sizes array, a size <= 0 (named with its
+            index), or a total that overflows int64.
+    """
+    vector = _as_vector(sizes, "sizes", "iu", np.int64)
+    bad = np.flatnonzero(vector <= 0)
+    if bad.size:
+        first = int(bad[0])
+        msg = f"sizes[{first}] must be > 0, got {int(vector[first])}"
+        raise ValueError(msg)
+    total = sum(int(value) for value in vector)
+    if total > np.iinfo(np.int64).max:
+        msg = f"sum(sizes) = {total} overflows int64"
+        raise ValueError(msg)
+    dataset_index, dataset_sample_index = _outputs(vector.size, total)
+    _core.build_exhaustive_blending_indices(vector, dataset_index, dataset_sample_index)
     return dataset_index, dataset_sample_index

@@ -1,0 +1,356 @@
+"""Blending kernels: exact equality with the pure-Python references and with megatron-core.
+
+The kernel switches from a plain scan to a kinetic tournament tree above 128 datasets, so the
+property tests draw blends on both sides of that line, on the inputs where floating-point
+rounding and ties decide the outcome: tiny weights, equal weights, exact binary fractions.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from types import ModuleType
+
+import numpy as np
+import numpy.typing as npt
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tokenmill import _core
+from tokenmill.index.blending import (
+    INT16_MAX_DATASETS,
+    build_blending_indices,
+    build_exhaustive_blending_indices,
+    dataset_index_dtype,
+)
+
+from reference import blending_indices_reference, exhaustive_blending_indices_reference
+
+TREE_MIN_DATASETS = 129  # the first blend size that takes the tree (csrc/blending.cpp)
+
+# Weights on which rounding and ties matter, mixed with arbitrary ones.
+special_weights = st.sampled_from([0.0, 1e-9, 1e-300, 0.5, 0.25, 0.125, 0.375, 1.0, 3.0, 0.1])
+weight = st.one_of(special_weights, st.floats(0.0, 1.0), st.floats(0.0, 1e3))
+
+
+@st.composite
+def weight_vectors(draw: st.DrawFn) -> list[float]:
+    n = draw(st.one_of(st.integers(1, 6), st.integers(TREE_MIN_DATASETS, 150)))
+    style = draw(st.sampled_from(["free", "equal", "few-values", "normalised"]))
+    if style == "equal":
+        return [draw(weight)] * n
+    if style == "few-values":  # many exact ties between datasets
+        pool = draw(st.lists(weight, min_size=1, max_size=3))
+        return [draw(st.sampled_from(pool)) for _ in range(n)]
+    values = draw(st.lists(weight, min_size=n, max_size=n))
+    if style == "normalised" and sum(values) > 0:
+        array = np.asarray(values)
+        return list(array / array.sum())  # as BlendedDataset does
+    return values
+
+
+def as_lists(result: tuple[np.ndarray, np.ndarray]) -> tuple[list[int], list[int]]:
+    return result[0].tolist(), result[1].tolist()
+
+
+@settings(deadline=None, max_examples=300)
+@given(weights=weight_vectors(), size=st.one_of(st.integers(0, 2), st.integers(0, 300)))
+def test_greedy_matches_reference(weights: list[float], size: int) -> None:
+    got = as_lists(build_blending_indices(weights, size))
+    assert got == blending_indices_reference(weights, size)
+
+
+@settings(deadline=None, max_examples=150)
+@given(
+    sizes=st.one_of(
+        st.lists(st.integers(1, 30), min_size=1, max_size=6),
+        st.lists(st.integers(1, 4), min_size=TREE_MIN_DATASETS, max_size=150),
+        st.integers(TREE_MIN_DATASETS, 150).flatmap(
+            lambda n: st.integers(1, 3).map(lambda size: [size] * n)
+        ),
+    )
+)
+def test_exhaustive_matches_reference(sizes: list[int]) -> None:
+    got = as_lists(build_exhaustive_blending_indices(sizes))
+    assert got == exhaustive_blending_indices_reference(sizes)
+
+
+def test_single_dataset_and_empty_blend() -> None:
+    ids, positions = build_blending_indices([0.7], 5)
+    assert ids.tolist() == [0] * 5
+    assert positions.tolist() == [0, 1, 2, 3, 4]
+    ids, positions = build_blending_indices([0.5, 0.5], 0)
+    assert ids.shape == (0,)
+    assert positions.shape == (0,)
+    assert as_lists(build_exhaustive_blending_indices([1])) == ([0], [0])
+
+
+def test_first_sample_uses_t_equal_one() -> None:
+    # t = max(i, 1): samples 0 and 1 both see t = 1, so with equal weights the first two samples
+    # come from datasets 0 and 1, and ties always go to the lower index.
+    ids, positions = build_blending_indices([0.25] * 4, 8)
+    assert ids.tolist() == [0, 1, 2, 3, 0, 1, 2, 3]
+    assert positions.tolist() == [0, 0, 0, 0, 1, 1, 1, 1]
+
+
+def test_outputs_are_a_valid_blend() -> None:
+    rng = np.random.default_rng(7)
+    weights = rng.dirichlet(np.ones(300))
+    ids, positions = build_blending_indices(weights, 100_000)
+    assert ids.dtype == np.int16
+    assert positions.dtype == np.int64
+    counts = np.bincount(ids, minlength=300)
+    # Each dataset's positions are 0, 1, 2, ... in order of appearance.
+    for d in (0, 17, 299):
+        assert positions[ids == d].tolist() == list(range(counts[d]))
+    # The greedy keeps every dataset within one sample of its share, give or take.
+    assert np.all(np.abs(counts - weights * 100_000) <= 2)
+
+
+def direct_rule(
+    weights: npt.NDArray[np.float64], size: int
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """The greedy rule with numpy: w * t - c elementwise in float64, argmax = first maximum."""
+    counts = np.zeros(weights.size, dtype=np.int64)
+    ids = np.empty(size, dtype=np.int64)
+    positions = np.empty(size, dtype=np.int64)
+    for i in range(size):
+        best = int(np.argmax(weights * float(max(i, 1)) - counts.astype(np.float64)))
+        ids[i] = best
+        positions[i] = counts[best]
+        counts[best] += 1
+    return ids, positions
+
+
+@pytest.mark.parametrize(
+    "style", ["binary-fractions", "tiny", "near-equal", "two-values", "unnormalised"]
+)
+def test_tree_on_adversarial_weights(style: str) -> None:
+    # Longer runs than the property tests, on a tree-sized blend, where rounding decides.
+    rng = np.random.default_rng(len(style))
+    n = 300
+    if style == "binary-fractions":
+        weights = rng.integers(1, 9, n) / 1024.0
+    elif style == "tiny":
+        weights = np.where(rng.random(n) < 0.1, 0.1, 1e-12)
+    elif style == "near-equal":  # weights one or two ulps apart: certificates cannot help
+        weights = np.nextafter(np.full(n, 1.0 / n), 1.0) * (1 + rng.integers(0, 3, n) * 2**-52)
+    elif style == "two-values":
+        weights = np.where(rng.random(n) < 0.5, 1 / 3, 2 / 3) / n
+    else:
+        weights = rng.integers(0, 5, n).astype(np.float64)
+    ids, positions = build_blending_indices(weights, 6000)
+    expected_ids, expected_positions = direct_rule(weights, 6000)
+    np.testing.assert_array_equal(ids, expected_ids)
+    np.testing.assert_array_equal(positions, expected_positions)
+
+
+def test_int32_output_above_int16_range() -> None:
+    # More datasets than int16 can name: the wrapper switches to int32 and the values are the
+    # same as the rule computed directly (numpy evaluates w * t - c elementwise in float64, and
+    # argmax returns the first maximum).
+    n = INT16_MAX_DATASETS + 300
+    rng = np.random.default_rng(3)
+    weights = rng.random(n)
+    weights /= weights.sum()
+    size = 3000
+    ids, positions = build_blending_indices(weights, size)
+    assert ids.dtype == np.int32
+    expected_ids, expected_positions = direct_rule(weights, size)
+    np.testing.assert_array_equal(ids, expected_ids)
+    np.testing.assert_array_equal(positions, expected_positions)
+    assert ids.max() > np.iinfo(np.int16).max
+
+
+@pytest.mark.parametrize("n", [3, 60, 500])
+def test_int16_and_int32_outputs_agree(n: int) -> None:
+    rng = np.random.default_rng(n)
+    weights = rng.random(n)
+    weights /= weights.sum()
+    outputs = {}
+    for dtype in (np.int16, np.int32):
+        ids = np.empty(20_000, dtype=dtype)
+        positions = np.empty(20_000, dtype=np.int64)
+        _core.build_blending_indices(weights, ids, positions)
+        outputs[dtype] = (ids.astype(np.int64), positions)
+    np.testing.assert_array_equal(outputs[np.int16][0], outputs[np.int32][0])
+    np.testing.assert_array_equal(outputs[np.int16][1], outputs[np.int32][1])
+
+
+def test_dataset_index_dtype_follows_megatron_bound() -> None:
+    assert dataset_index_dtype(1) is np.int16
+    assert dataset_index_dtype(INT16_MAX_DATASETS - 1) is np.int16
+    assert dataset_index_dtype(INT16_MAX_DATASETS) is np.int32
+
+
+# --- bad inputs -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("weights", "match"),
+    [
+        ([0.5, -0.1], r"weights\[1\] must be finite and >= 0, got -0.1"),
+        ([np.nan, 0.5], r"weights\[0\] must be finite and >= 0, got nan"),
+        ([0.5, np.inf], r"weights\[1\] must be finite and >= 0, got inf"),
+        ([], "weights must not be empty"),
+        ([[0.5, 0.5]], r"weights must be 1-D, got shape \(1, 2\)"),
+    ],
+)
+def test_bad_weights(weights: object, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        build_blending_indices(weights, 10)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("weights", [["a", "b"], np.array([1 + 1j]), np.array([True, False])])
+def test_weights_of_wrong_type(weights: object) -> None:
+    with pytest.raises(TypeError, match="weights must be real numbers"):
+        build_blending_indices(weights, 10)  # type: ignore[arg-type]
+
+
+def test_bad_size() -> None:
+    with pytest.raises(ValueError, match="size must be >= 0, got -1"):
+        build_blending_indices([1.0], -1)
+    with pytest.raises(TypeError):
+        build_blending_indices([1.0], 2.5)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("sizes", "match"),
+    [
+        ([3, 0], r"sizes\[1\] must be > 0, got 0"),
+        ([-2, 3], r"sizes\[0\] must be > 0, got -2"),
+        ([], "sizes must not be empty"),
+        (np.array([2**63 - 1, 1], dtype=np.int64), "overflows int64"),
+        (np.array([2**64 - 1], dtype=np.uint64), r"sizes\[0\] = 18446744073709551615 does not"),
+    ],
+)
+def test_bad_sizes(sizes: object, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        build_exhaustive_blending_indices(sizes)  # type: ignore[arg-type]
+
+
+def test_sizes_of_wrong_type() -> None:
+    with pytest.raises(TypeError, match="sizes must be integers, got dtype float64"):
+        build_exhaustive_blending_indices([1.0, 2.0])
+
+
+def test_core_rejects_wrong_dtypes() -> None:
+    ids = np.empty(4, dtype=np.int16)
+    positions = np.empty(4, dtype=np.int64)
+    with pytest.raises(TypeError, match="weights must have dtype float64, got float32"):
+        _core.build_blending_indices(np.ones(2, dtype=np.float32), ids, positions)
+    with pytest.raises(TypeError, match="dataset_index must be int16 or int32, got int64"):
+        _core.build_blending_indices(np.ones(2), positions.copy(), positions)
+    with pytest.raises(TypeError, match="dataset_sample_index must have dtype int64, got int32"):
+        _core.build_blending_indices(np.ones(2), ids, np.empty(4, dtype=np.int32))
+    with pytest.raises(TypeError, match="sizes must have dtype int64, got int32"):
+        _core.build_exhaustive_blending_indices(np.ones(2, dtype=np.int32), ids, positions)
+
+
+def test_core_rejects_mismatched_lengths() -> None:
+    ids = np.empty(4, dtype=np.int16)
+    with pytest.raises(ValueError, match="same length"):
+        _core.build_blending_indices(np.ones(2), ids, np.empty(5, dtype=np.int64))
+    with pytest.raises(ValueError, match=r"sum\(sizes\) = 5 entries, got 4"):
+        _core.build_exhaustive_blending_indices(
+            np.array([2, 3], dtype=np.int64), ids, np.empty(4, dtype=np.int64)
+        )
+    with pytest.raises(ValueError, match=r"weights\[0\] must be finite and >= 0, got nan"):
+        _core.build_blending_indices(np.array([np.nan]), ids, np.empty(4, dtype=np.int64))
+
+
+# --- differential tests against megatron-core --------------------------------------------------
+
+
+def megatron_helpers() -> ModuleType:
+    """megatron-core's compiled helpers, loaded without importing megatron (and torch)."""
+    # Only the top-level package is imported: megatron.core would pull in torch (~4 s).
+    megatron = pytest.importorskip("megatron", reason="megatron-core is not installed")
+    folder = Path(next(iter(megatron.__path__))) / "core" / "datasets"
+    found = sorted(folder.glob("helpers_cpp*.so"))
+    if not found:
+        pytest.skip(f"megatron-core has no compiled helpers in {folder}")
+    module_spec = importlib.util.spec_from_file_location("helpers_cpp", found[0])
+    assert module_spec is not None
+    assert module_spec.loader is not None
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    return module
+
+
+def make_weights(kind: str, n: int, rng: np.random.Generator) -> npt.NDArray[np.float64]:
+    if kind == "uniform":
+        raw = rng.random(n)
+    elif kind == "equal":
+        raw = np.ones(n)
+    elif kind == "power-law":
+        raw = 1.0 / np.arange(1, n + 1) ** 1.3
+    elif kind == "lognormal":
+        raw = rng.lognormal(0.0, 2.0, n)
+    else:  # "tiny": a few datasets dominate, the rest are nearly starved
+        raw = np.where(rng.random(n) < 0.05, 1.0, 1e-9)
+    result: npt.NDArray[np.float64] = raw / raw.sum()
+    return result
+
+
+GREEDY_CASES = [
+    (2, 300_000, "uniform"),
+    (10, 1_000_000, "lognormal"),
+    (100, 1_000_000, "uniform"),
+    (129, 300_000, "equal"),
+    (150, 300_000, "uniform"),
+    (200, 500_000, "tiny"),
+    (333, 300_000, "power-law"),
+    (1000, 200_000, "uniform"),
+    (1000, 200_000, "lognormal"),
+    (1000, 100_000, "equal"),
+]
+
+
+@pytest.mark.megatron
+@pytest.mark.parametrize(("n", "size", "kind"), GREEDY_CASES)
+def test_greedy_matches_megatron(n: int, size: int, kind: str) -> None:
+    helpers = megatron_helpers()
+    weights = make_weights(kind, n, np.random.default_rng(n * 7919 + size))
+    expected_ids = np.empty(size, dtype=np.int16)
+    expected_positions = np.empty(size, dtype=np.int64)
+    helpers.build_blending_indices(expected_ids, expected_positions, weights, n, size, False)
+    ids, positions = build_blending_indices(weights, size)
+    np.testing.assert_array_equal(ids, expected_ids)
+    np.testing.assert_array_equal(positions, expected_positions)
+
+
+@pytest.mark.megatron
+@pytest.mark.parametrize("seed", range(8))
+def test_greedy_matches_megatron_random_shapes(seed: int) -> None:
+    helpers = megatron_helpers()
+    rng = np.random.default_rng(1000 + seed)
+    n = int(rng.integers(2, 1001))
+    size = int(rng.integers(1, 1_000_000 // max(1, n // 50) + 1))
+    kind = str(rng.choice(["uniform", "equal", "power-law", "lognormal", "tiny"]))
+    weights = make_weights(kind, n, rng)
+    expected_ids = np.empty(size, dtype=np.int16)
+    expected_positions = np.empty(size, dtype=np.int64)
+    helpers.build_blending_indices(expected_ids, expected_positions, weights, n, size, False)
+    ids, positions = build_blending_indices(weights, size)
+    np.testing.assert_array_equal(ids, expected_ids)
+    np.testing.assert_array_equal(positions, expected_positions)
+
+
+EXHAUSTIVE_CASES = [(3, 200_000), (60, 200_000), (130, 200_000), (1000, 100_000)]
+
+
+@pytest.mark.megatron
+@pytest.mark.parametrize(("n", "total"), EXHAUSTIVE_CASES)
+def test_exhaustive_matches_megatron(n: int, total: int) -> None:
+    helpers = megatron_helpers()
+    rng = np.random.default_rng(n)
+    shares = rng.lognormal(0.0, 1.5, n)
+    sizes = np.maximum(1, np.round(shares / shares.sum() * total)).astype(np.int64)
+    expected_ids = np.empty(int(sizes.sum()), dtype=np.int16)
+    expected_positions = np.empty(int(sizes.sum()), dtype=np.int64)
+    helpers.build_exhaustive_blending_indices(expected_ids, expected_positions, sizes, n)
+    ids, positions = build_exhaustive_blending_indices(sizes)
+    np.testing.assert_array_equal(ids, expected_ids)
+    np.testing.assert_array_equal(positions, expected_positions)
