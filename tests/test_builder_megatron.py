@@ -36,10 +36,20 @@ from tokenmill.datasets.builder import BlendedMegatronDatasetBuilder
 from tokenmill.datasets.gpt import GPTDataset, GPTDatasetConfig, MockGPTDataset
 
 
-def shards(tmp_path: Path, rng: np.random.Generator, count: int) -> list[str]:
+def shards(
+    tmp_path: Path, rng: np.random.Generator, count: int, documents: int | None = None
+) -> list[str]:
+    """`count` shards. megatron-core loops forever on a split with no tokens, so every split
+    must get documents: 60+ per shard covers 2 % splits, and callers whose split strings give a
+    split 1/1000 of the documents ask for 1000+."""
     return [
         write_megatron_shard(
-            tmp_path / f"shard{i}", random_documents(rng, int(rng.integers(20, 60)), 200)
+            tmp_path / f"shard{i}",
+            random_documents(
+                rng,
+                documents or int(rng.integers(60, 120)),
+                200 if documents is None else 30,
+            ),
         )
         for i in range(count)
     ]
@@ -94,21 +104,29 @@ def build_both(
         "create_attention_mask": False,
         **fields,
     }
-    theirs = megatron_builder.BlendedMegatronDatasetBuilder(
+    their_builder = megatron_builder.BlendedMegatronDatasetBuilder(
         megatron_gpt.MockGPTDataset
         if "blend" not in fields and "blend_per_split" not in fields
         else megatron_gpt.GPTDataset,
         sizes,
         lambda: True,
         megatron_gpt.GPTDatasetConfig(path_to_cache=str(tmp_path / "megatron"), **common),
-    ).build()
-    ours = BlendedMegatronDatasetBuilder(
+    )
+    our_builder = BlendedMegatronDatasetBuilder(
         MockGPTDataset if "blend" not in fields and "blend_per_split" not in fields else GPTDataset,
         sizes,
         lambda: True,
         GPTDatasetConfig(path_to_cache=str(tmp_path / "tokenmill"), **common),
-    ).build()
-    return ours, theirs
+    )
+    try:
+        theirs = their_builder.build()
+    except AssertionError:
+        # megatron-core asserts (e.g. a member split too short for one sample); tokenmill must
+        # refuse the same input with a clear exception instead.
+        with pytest.raises((ValueError, IndexError)):
+            our_builder.build()
+        return [], []
+    return our_builder.build(), theirs
 
 
 def assert_same_cache_files(tmp_path: Path) -> None:
@@ -128,11 +146,11 @@ SPLITS = ["969,30,1", "98/2/0", "1", "0.9 0.1", "80,10,10", "7,2,1"]
 def test_weighted_blends_match_megatron(tmp_path: Path, case: int) -> None:
     rng = np.random.default_rng(case)
     count = int(rng.integers(2, 8)) if case % 4 else int(rng.integers(20, 51))
-    prefixes = shards(tmp_path, rng, count)
+    split = SPLITS[case % len(SPLITS)]
+    prefixes = shards(tmp_path, rng, count, 1000 if split == "969,30,1" else None)
     weights = rng.uniform(0.01, 1.0, count)
     if case % 3 == 0:
         weights[rng.integers(0, count)] = 1e-4  # a tiny weight
-    split = SPLITS[case % len(SPLITS)]
     sizes = [int(rng.integers(50, 400)), int(rng.integers(5, 60)), int(rng.integers(1, 20))]
     ours, theirs = build_both(
         tmp_path,
@@ -143,25 +161,26 @@ def test_weighted_blends_match_megatron(tmp_path: Path, case: int) -> None:
     )
     for i, (mine, reference) in enumerate(zip(ours, theirs)):
         compare_datasets(mine, reference, rng, f"split {i}")
-    assert_same_cache_files(tmp_path)
+    if theirs:
+        assert_same_cache_files(tmp_path)
 
 
 @pytest.mark.parametrize("case", range(8))
 def test_unweighted_blends_match_megatron(tmp_path: Path, case: int) -> None:
     rng = np.random.default_rng(100 + case)
     count = int(rng.integers(1, 6))
-    prefixes = shards(tmp_path, rng, count)
+    split = SPLITS[case % len(SPLITS)]
+    prefixes = shards(tmp_path, rng, count, 1000 if split == "969,30,1" else None)
     sizes: list[int | None] = [
         None if case % 2 else int(rng.integers(10, 500)),
         None,
         int(rng.integers(1, 30)) if case % 3 else None,
     ]
-    ours, theirs = build_both(
-        tmp_path, sizes, blend=(prefixes, None), split=SPLITS[case % len(SPLITS)]
-    )
+    ours, theirs = build_both(tmp_path, sizes, blend=(prefixes, None), split=split)
     for i, (mine, reference) in enumerate(zip(ours, theirs)):
         compare_datasets(mine, reference, rng, f"split {i}")
-    assert_same_cache_files(tmp_path)
+    if theirs:
+        assert_same_cache_files(tmp_path)
 
 
 @pytest.mark.parametrize("case", range(6))
@@ -181,7 +200,8 @@ def test_blend_per_split_matches_megatron(tmp_path: Path, case: int) -> None:
     ours, theirs = build_both(tmp_path, sizes, **fields)
     for i, (mine, reference) in enumerate(zip(ours, theirs)):
         compare_datasets(mine, reference, rng, f"split {i}")
-    assert_same_cache_files(tmp_path)
+    if theirs:
+        assert_same_cache_files(tmp_path)
 
 
 def test_mock_splits_match_megatron(tmp_path: Path) -> None:

@@ -197,9 +197,22 @@ class BlendedDataset:
         self.dataset_index = arrays["dataset_index"]
         self.dataset_sample_index = arrays["dataset_sample_index"]
 
+    # -- pickling ----------------------------------------------------------------------------
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        if self._cache is not None and self._cache.all_present():
+            state["dataset_index"] = state["dataset_sample_index"] = None
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+
     # -- access ------------------------------------------------------------------------------
 
     def __len__(self) -> int:
+        if self.dataset_index is None and not self.config.defer_npy_index_mmap:
+            self._load_deferred()
         if self.dataset_index is None:
             return self._total()
         return int(self.dataset_index.shape[0])

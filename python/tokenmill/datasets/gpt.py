@@ -248,9 +248,24 @@ class GPTDataset(MegatronDataset):
         self.sample_index = arrays["sample_index"]
         self.shuffle_index = arrays["shuffle_index"]
 
+    # -- pickling ----------------------------------------------------------------------------
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Cached indices travel as file names and are re-mapped on first use in the new process
+        # (DataLoader workers under spawn), instead of being copied through the pickle.
+        state = self.__dict__.copy()
+        if self._cache is not None and self._cache.all_present():
+            state["document_index"] = state["sample_index"] = state["shuffle_index"] = None
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+
     # -- sizes -------------------------------------------------------------------------------
 
     def __len__(self) -> int:
+        if self.sample_index is None and not self.config.defer_npy_index_mmap:
+            self._load_deferred()
         if self.sample_index is None:
             # Deferred mapping: megatron-core's analytic length (double-precision ceil).
             plan = self._plan()
