@@ -13,12 +13,13 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import TinyTokenizer, random_documents, write_megatron_shard
 
 from tokenmill.datasets.gpt import GPTDataset, GPTDatasetConfig
 from tokenmill.datasets.utils import Split
 from tokenmill.errors import CacheError
 from tokenmill.formats.megatron import IndexedDataset
+
+from conftest import TinyTokenizer, random_documents, write_megatron_shard
 
 torch = pytest.importorskip("torch")
 
@@ -127,7 +128,7 @@ def test_missing_cache_is_an_error_on_ranks_that_do_not_build(
     shard: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr("tokenmill.datasets.gpt.is_cache_builder", lambda scope: False)
-    with pytest.raises(CacheError, match="description.txt: missing"):
+    with pytest.raises(CacheError, match=r"description\.txt: missing"):
         build(shard, make_config(shard, tmp_path / "cache"))
 
 
