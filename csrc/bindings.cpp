@@ -197,7 +197,8 @@ void check_blend_outputs(const py::array& dataset_index, const py::array& datase
   }
 }
 
-// The private test hook: "auto" (what the library uses), "scan", "active" or "tree", and the
+// The private test hook: "auto" (what the library uses), "scan", "active", "active-baseline"
+// (the active set without AVX2) or "tree", and the
 // active set's window and initial margin (0 / negative: the defaults).
 tokenmill::BlendingOptions blending_options(const std::string& path, size_t window, double margin) {
   using Path = tokenmill::BlendingOptions::Path;
@@ -208,10 +209,12 @@ tokenmill::BlendingOptions blending_options(const std::string& path, size_t wind
     options.path = Path::kScan;
   } else if (path == "active") {
     options.path = Path::kActive;
+  } else if (path == "active-baseline") {
+    options.path = Path::kActiveBaseline;
   } else if (path == "tree") {
     options.path = Path::kTree;
   } else {
-    fail_value("path must be 'auto', 'scan', 'active' or 'tree', got '" + path + "'");
+    fail_value("path must be 'auto', 'scan', 'active', 'active-baseline' or 'tree', got '" + path + "'");
   }
   options.window = window;
   options.margin = margin;

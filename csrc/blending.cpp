@@ -502,10 +502,11 @@ void blend(std::span<const double> weights, std::span<const double> limits,
   const bool may_hand_over = options.path == Path::kAuto && n > kScanMaxDatasets;
 #ifdef TOKENMILL_BLEND_X86
   const size_t end =
-      has_avx2() ? run_active<avx2::ActiveBlend>(weights, limits, options, ids, positions,
+      has_avx2() && path != Path::kActiveBaseline
+          ? run_active<avx2::ActiveBlend>(weights, limits, options, ids, positions,
                                                  may_hand_over, counts)
-                 : run_active<sse2::ActiveBlend>(weights, limits, options, ids, positions,
-                                                 may_hand_over, counts);
+          : run_active<sse2::ActiveBlend>(weights, limits, options, ids, positions,
+                                          may_hand_over, counts);
 #else
   const size_t end = run_active<portable::ActiveBlend>(weights, limits, options, ids, positions,
                                                        may_hand_over, counts);

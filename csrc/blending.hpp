@@ -17,7 +17,7 @@ namespace tokenmill {
 // force a path (and a tiny margin, to force fallbacks) to exercise every branch. Every path gives
 // the same output.
 struct BlendingOptions {
-  enum class Path { kAuto, kScan, kActive, kTree };
+  enum class Path { kAuto, kScan, kActive, kActiveBaseline, kTree };  // baseline: no AVX2
   Path path = Path::kAuto;
   size_t window = 0;    // active set: samples between threshold updates (0: default)
   double margin = -1;   // active set: initial margin below the winning keys (< 0: default)
