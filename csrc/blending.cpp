@@ -1,4 +1,7 @@
-// Blending kernels: megatron-core's greedy rule, computed with a kinetic tournament tree.
+// Blending kernels: megatron-core's greedy rule. Three exact kernels: a plain scan (below
+// kActiveMinDatasets datasets, or when keys could overflow), the active set with a re-entry
+// calendar (the default; see "The active set" below and blending_active.inc), and the kinetic
+// tournament tree described here, which takes over from the active set when that stays large.
 //
 // The rule (blending.hpp): at sample i with t = max(i, 1), pick the first dataset with the
 // strictly largest key(d, t) = fl(fl(w[d] * t) - count[d]). Megatron scans all n datasets per
@@ -267,7 +270,7 @@ class Scan {
     const size_t padded = (weights.size() + kScanWays - 1) / kScanWays * kScanWays;
     weight_.assign(padded, 0.0);
     count_.assign(padded, kNever);
-    std::copy(weights.begin(), weights.end(), weight_.begin());
+    for (size_t d = 0; d < weights.size(); ++d) weight_[d] = weights[d];
     std::fill_n(count_.begin(), weights.size(), 0.0);
   }
   size_t winner(double time) const {
@@ -499,7 +502,7 @@ void blend(std::span<const double> weights, std::span<const double> limits,
     tree_from(weights, limits, std::move(counts), 0, ids, positions);
     return;
   }
-  const bool may_hand_over = options.path == Path::kAuto && n > kScanMaxDatasets;
+  const bool may_hand_over = options.path == Path::kAuto;
 #ifdef TOKENMILL_BLEND_X86
   const size_t end =
       has_avx2() && path != Path::kActiveBaseline
@@ -512,7 +515,11 @@ void blend(std::span<const double> weights, std::span<const double> limits,
                                                        may_hand_over, counts);
 #endif
   if (end == samples) return;
-  tree_from(weights, limits, std::move(counts), end, ids, positions);
+  if (n <= kScanMaxDatasets) {
+    scan_from(weights, limits, std::move(counts), end, ids, positions);
+  } else {
+    tree_from(weights, limits, std::move(counts), end, ids, positions);
+  }
 }
 
 }  // namespace

@@ -1,8 +1,10 @@
 """Blending kernels: exact equality with the pure-Python references and with megatron-core.
 
-The kernel switches from a plain scan to a kinetic tournament tree above 128 datasets, so the
-property tests draw blends on both sides of that line, on the inputs where floating-point
-rounding and ties decide the outcome: tiny weights, equal weights, exact binary fractions.
+The kernel takes a plain scan below 48 datasets, an active set with a re-entry calendar above,
+and hands over to a kinetic tournament tree above 128 datasets when the active set stays large.
+The property tests draw blends on several sides of those lines, on the inputs where
+floating-point rounding and ties decide the outcome: tiny weights, equal weights, exact binary
+fractions; the active-set tests force each path (and fallbacks) through a private hook.
 """
 
 from __future__ import annotations
