@@ -197,8 +197,34 @@ void check_blend_outputs(const py::array& dataset_index, const py::array& datase
   }
 }
 
+// The private test hook: "auto" (what the library uses), "scan", "active", "active-baseline"
+// (the active set without AVX2) or "tree", and the
+// active set's window and initial margin (0 / negative: the defaults).
+tokenmill::BlendingOptions blending_options(const std::string& path, size_t window, double margin) {
+  using Path = tokenmill::BlendingOptions::Path;
+  tokenmill::BlendingOptions options;
+  if (path == "auto") {
+    options.path = Path::kAuto;
+  } else if (path == "scan") {
+    options.path = Path::kScan;
+  } else if (path == "active") {
+    options.path = Path::kActive;
+  } else if (path == "active-baseline") {
+    options.path = Path::kActiveBaseline;
+  } else if (path == "tree") {
+    options.path = Path::kTree;
+  } else {
+    fail_value("path must be 'auto', 'scan', 'active', 'active-baseline' or 'tree', got '" + path + "'");
+  }
+  options.window = window;
+  options.margin = margin;
+  return options;
+}
+
 void build_blending_indices(const py::array& weights_array, py::array dataset_index,
-                            py::array dataset_sample_index) {
+                            py::array dataset_sample_index, const std::string& path,
+                            size_t window, double margin) {
+  const auto options = blending_options(path, window, margin);
   auto weights = input_span<double>(weights_array, "weights");
   if (weights.empty()) fail_value("weights must not be empty");
   for (size_t d = 0; d < weights.size(); ++d) {
@@ -211,7 +237,7 @@ void build_blending_indices(const py::array& weights_array, py::array dataset_in
   auto samples = output_span<int64_t>(dataset_sample_index, "dataset_sample_index");
   auto run = [&](auto ids) {
     py::gil_scoped_release release;  // buffers are owned by the caller for the whole call
-    tokenmill::build_blending_indices(weights, ids, samples);
+    tokenmill::build_blending_indices(weights, ids, samples, options);
   };
   if (has_dtype<int16_t>(dataset_index)) {
     if (weights.size() > 32767) fail_value("int16 dataset_index holds at most 32767 datasets");
@@ -224,7 +250,9 @@ void build_blending_indices(const py::array& weights_array, py::array dataset_in
 }
 
 void build_exhaustive_blending_indices(const py::array& sizes_array, py::array dataset_index,
-                                       py::array dataset_sample_index) {
+                                       py::array dataset_sample_index, const std::string& path,
+                                       size_t window, double margin) {
+  const auto options = blending_options(path, window, margin);
   auto sizes = input_span<int64_t>(sizes_array, "sizes");
   if (sizes.empty()) fail_value("sizes must not be empty");
   int64_t total = 0;
@@ -244,7 +272,7 @@ void build_exhaustive_blending_indices(const py::array& sizes_array, py::array d
   auto samples = output_span<int64_t>(dataset_sample_index, "dataset_sample_index");
   auto run = [&](auto ids) {
     py::gil_scoped_release release;  // buffers are owned by the caller for the whole call
-    tokenmill::build_exhaustive_blending_indices(sizes, ids, samples);
+    tokenmill::build_exhaustive_blending_indices(sizes, ids, samples, options);
   };
   if (has_dtype<int16_t>(dataset_index)) {
     if (sizes.size() > 32767) fail_value("int16 dataset_index holds at most 32767 datasets");
@@ -275,10 +303,14 @@ PYBIND11_MODULE(_core, m, py::mod_gil_not_used()) {
         "sample_index"_a.noconvert(), "shuffle_index"_a.noconvert(), "num_threads"_a = 1,
         "Fill the document, sample and shuffle indices of a GPTDataset.");
   m.def("build_blending_indices", &build_blending_indices, "weights"_a.noconvert(),
-        "dataset_index"_a.noconvert(), "dataset_sample_index"_a.noconvert(),
-        "Greedy blending indices (megatron-core's build_blending_indices).");
+        "dataset_index"_a.noconvert(), "dataset_sample_index"_a.noconvert(), py::kw_only(),
+        "path"_a = "auto", "window"_a = 0, "margin"_a = -1.0,
+        "Greedy blending indices (megatron-core's build_blending_indices). path, window and "
+        "margin are a test hook: they choose the kernel, never the result.");
   m.def("build_exhaustive_blending_indices", &build_exhaustive_blending_indices,
         "sizes"_a.noconvert(), "dataset_index"_a.noconvert(),
-        "dataset_sample_index"_a.noconvert(),
-        "Exhaustive blending indices (megatron-core's build_exhaustive_blending_indices).");
+        "dataset_sample_index"_a.noconvert(), py::kw_only(), "path"_a = "auto", "window"_a = 0,
+        "margin"_a = -1.0,
+        "Exhaustive blending indices (megatron-core's build_exhaustive_blending_indices). path, "
+        "window and margin are a test hook: they choose the kernel, never the result.");
 }

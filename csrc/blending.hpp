@@ -7,18 +7,31 @@
 // take part; it stops when every dataset is spent (output length = sum(sizes)).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <span>
 
 namespace tokenmill {
 
+// Which kernel computes the blend, and its tuning. Production callers use the defaults; tests
+// force a path (and a tiny margin, to force fallbacks) to exercise every branch. Every path gives
+// the same output.
+struct BlendingOptions {
+  enum class Path { kAuto, kScan, kActive, kActiveBaseline, kTree };  // baseline: no AVX2
+  Path path = Path::kAuto;
+  size_t window = 0;    // active set: samples between threshold updates (0: default)
+  double margin = -1;   // active set: initial margin below the winning keys (< 0: default)
+};
+
 template <typename IndexT>
 void build_blending_indices(std::span<const double> weights, std::span<IndexT> dataset_index,
-                            std::span<int64_t> dataset_sample_index);
+                            std::span<int64_t> dataset_sample_index,
+                            const BlendingOptions& options = {});
 
 template <typename IndexT>
 void build_exhaustive_blending_indices(std::span<const int64_t> sizes,
                                        std::span<IndexT> dataset_index,
-                                       std::span<int64_t> dataset_sample_index);
+                                       std::span<int64_t> dataset_sample_index,
+                                       const BlendingOptions& options = {});
 
 }  // namespace tokenmill

@@ -1,8 +1,10 @@
 """Blending kernels: exact equality with the pure-Python references and with megatron-core.
 
-The kernel switches from a plain scan to a kinetic tournament tree above 128 datasets, so the
-property tests draw blends on both sides of that line, on the inputs where floating-point
-rounding and ties decide the outcome: tiny weights, equal weights, exact binary fractions.
+The kernel takes a plain scan below 48 datasets, an active set with a re-entry calendar above,
+and hands over to a kinetic tournament tree above 128 datasets when the active set stays large.
+The property tests draw blends on several sides of those lines, on the inputs where
+floating-point rounding and ties decide the outcome: tiny weights, equal weights, exact binary
+fractions; the active-set tests force each path (and fallbacks) through a private hook.
 """
 
 from __future__ import annotations
@@ -304,6 +306,8 @@ GREEDY_CASES = [
     (333, 300_000, "power-law"),
     (1000, 200_000, "uniform"),
     (1000, 200_000, "lognormal"),
+    (2000, 300_000, "lognormal"),
+    (60, 1_000_000, "lognormal"),
     (1000, 100_000, "equal"),
 ]
 
@@ -354,3 +358,113 @@ def test_exhaustive_matches_megatron(n: int, total: int) -> None:
     ids, positions = build_exhaustive_blending_indices(sizes)
     np.testing.assert_array_equal(ids, expected_ids)
     np.testing.assert_array_equal(positions, expected_positions)
+
+
+# --- the active-set kernel ----------------------------------------------------------------------
+# From 48 datasets the kernel scans only the datasets whose key may reach a threshold L and books
+# the others back on a calendar. These tests force each path through the private hook
+# (``path``, ``window``, ``margin``) and compare with the plain scan, which is megatron's loop.
+
+
+def blend_with(
+    weights: npt.NDArray[np.float64], size: int, **options: object
+) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.int64]]:
+    ids = np.empty(size, dtype=np.int32)
+    positions = np.empty(size, dtype=np.int64)
+    _core.build_blending_indices(weights, ids, positions, **options)
+    return ids, positions
+
+
+def exhaustive_with(
+    sizes: npt.NDArray[np.int64], **options: object
+) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.int64]]:
+    total = int(sizes.sum())
+    ids = np.empty(total, dtype=np.int32)
+    positions = np.empty(total, dtype=np.int64)
+    _core.build_exhaustive_blending_indices(sizes, ids, positions, **options)
+    return ids, positions
+
+
+ACTIVE_KINDS = ["uniform", "lognormal", "equal", "tiny", "power-law"]
+# (path, window, margin): the default tuning, short windows (L moves often), and a zero margin
+# with windows of one sample, which makes most samples fall back to the full scan.
+ACTIVE_TUNINGS = [
+    ("active", 0, -1.0),
+    ("active", 16, 0.001),
+    ("active", 1, 0.0),
+    ("active-baseline", 0, -1.0),  # SSE2 even on a CPU with AVX2
+    ("active-baseline", 1, 0.0),
+    ("auto", 0, -1.0),
+]
+
+
+@pytest.mark.parametrize("kind", ACTIVE_KINDS)
+@pytest.mark.parametrize("n", [50, 129, 700, 2000])
+def test_active_set_matches_scan(kind: str, n: int) -> None:
+    rng = np.random.default_rng(n * 31 + len(kind))
+    weights = make_weights(kind, n, rng)
+    size = 60 * n + int(rng.integers(0, 1000))
+    expected = blend_with(weights, size, path="scan")
+    for path, window, margin in ACTIVE_TUNINGS:
+        got = blend_with(weights, size, path=path, window=window, margin=margin)
+        np.testing.assert_array_equal(got[0], expected[0], err_msg=f"{path} {window} {margin}")
+        np.testing.assert_array_equal(got[1], expected[1], err_msg=f"{path} {window} {margin}")
+
+
+@pytest.mark.parametrize("style", ["unnormalised", "half-sum", "near-equal", "zeros", "extreme"])
+def test_active_set_on_adversarial_weights(style: str) -> None:
+    # Weights that do not sum to 1 make every key drift (L must follow, or fall back), near-equal
+    # weights tie, zero weights never come back, and extreme ones live on the heap or never.
+    rng = np.random.default_rng(len(style) + 100)
+    n = 300
+    if style == "unnormalised":
+        weights = rng.integers(0, 5, n).astype(np.float64)
+    elif style == "half-sum":
+        weights = make_weights("uniform", n, rng) * 0.5
+    elif style == "near-equal":
+        weights = np.nextafter(np.full(n, 1.0 / n), 1.0) * (1 + rng.integers(0, 3, n) * 2**-52)
+    elif style == "zeros":
+        weights = np.where(rng.random(n) < 0.5, 0.0, make_weights("uniform", n, rng))
+    else:
+        weights = np.where(rng.random(n) < 0.3, 1e-300, rng.lognormal(0.0, 6.0, n))
+        weights /= weights.sum()
+    size = 40_000
+    expected = blend_with(weights, size, path="scan")
+    for path, window, margin in ACTIVE_TUNINGS:
+        got = blend_with(weights, size, path=path, window=window, margin=margin)
+        np.testing.assert_array_equal(got[0], expected[0], err_msg=f"{path} {window} {margin}")
+        np.testing.assert_array_equal(got[1], expected[1], err_msg=f"{path} {window} {margin}")
+
+
+@pytest.mark.parametrize("n", [50, 300, 1500])
+def test_active_set_exhaustive_matches_scan(n: int) -> None:
+    rng = np.random.default_rng(n + 5)
+    shares = rng.lognormal(0.0, 2.0, n)
+    sizes = np.maximum(1, np.round(shares / shares.sum() * 40 * n)).astype(np.int64)
+    expected = exhaustive_with(sizes, path="scan")
+    for path, window, margin in [*ACTIVE_TUNINGS, ("tree", 0, -1.0)]:
+        got = exhaustive_with(sizes, path=path, window=window, margin=margin)
+        np.testing.assert_array_equal(got[0], expected[0], err_msg=f"{path} {window} {margin}")
+        np.testing.assert_array_equal(got[1], expected[1], err_msg=f"{path} {window} {margin}")
+
+
+@settings(deadline=None, max_examples=40)
+@given(
+    weights=st.integers(48, 120).flatmap(lambda n: st.lists(weight, min_size=n, max_size=n)),
+    size=st.integers(0, 3000),
+    window=st.integers(1, 64),
+    margin=st.sampled_from([0.0, 1e-12, 0.01, 0.3]),
+)
+def test_active_set_property(weights: list[float], size: int, window: int, margin: float) -> None:
+    array = np.asarray(weights)
+    expected = blend_with(array, size, path="scan")
+    for path in ("active", "active-baseline"):
+        got = blend_with(array, size, path=path, window=window, margin=margin)
+        np.testing.assert_array_equal(got[0], expected[0])
+        np.testing.assert_array_equal(got[1], expected[1])
+
+
+def test_unknown_path_is_rejected() -> None:
+    ids = np.empty(4, dtype=np.int16)
+    with pytest.raises(ValueError, match="path must be"):
+        _core.build_blending_indices(np.ones(2), ids, np.empty(4, dtype=np.int64), path="x")

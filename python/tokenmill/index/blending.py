@@ -11,12 +11,15 @@ is the sample's position inside it, and its count goes up by one. Exhaustive: th
 spent (the output length is ``sum(sizes)``).
 
 Megatron evaluates every dataset at every sample: O(samples x datasets). The C++ kernel
-(``csrc/blending.cpp``) keeps the datasets in a kinetic tournament tree. Between samples only the
-chosen dataset's count changes, so only its leaf-to-root path is recomputed, plus the few nodes
-whose certificate (a conservative time before which their loser cannot overtake their winner)
-has expired: about O(samples x log datasets). Every decision is still taken by comparing the
-exact float64 errors, so rounding and ties come out as in megatron; certificates only decide
-when to look again. Up to 128 datasets a branch-free scan is used instead. Measurements:
+(``csrc/blending.cpp``) keeps an *active set*: the datasets whose error may reach a threshold L
+set just under the band where the winning errors lie. Only those are scanned (SIMD, AVX2 when the
+CPU has it); a dataset whose error falls below L after a sample is booked on a calendar to come
+back, conservatively early, when it can reach L again. If the best error in the set is below L,
+nothing is proven and that sample takes a full scan, after which L is lowered. L follows the
+winning errors window by window. Every decision is still taken by comparing the exact float64
+errors, so rounding and ties come out as in megatron; L and the calendar only decide which
+datasets are looked at. Below 48 datasets a branch-free scan is used; when the set stays large
+(equal weights, whose winning band is wide) a kinetic tournament tree takes over. Measurements:
 ``benchmarks/BLENDING.md``.
 
 The weights are used as given: megatron's BlendedDataset normalises them (``w / sum(w)`` in
