@@ -25,28 +25,48 @@ int64_t find_out_of_range(std::span<const int32_t> values, int64_t limit) {
 
 namespace {
 
+constexpr int64_t kPrefetchDistance = 32;
+
+// Sum of the lengths of documents [begin, end) of document_index.
+int64_t count_tokens(std::span<const int32_t> sizes, std::span<const int32_t> document_index,
+                     int64_t begin, int64_t end) {
+  int64_t total = 0;
+  for (int64_t p = begin; p < end; ++p) {
+    if (p + kPrefetchDistance < end) {
+      __builtin_prefetch(sizes.data() + document_index[static_cast<size_t>(p + kPrefetchDistance)]);
+    }
+    total += sizes[static_cast<size_t>(document_index[static_cast<size_t>(p)])];
+  }
+  return total;
+}
+
 // Writes the rows of every sample whose start falls in documents [begin, end) of
-// document_index, given the number of tokens before `begin`.
+// document_index, given the number of tokens before `begin`. Sample k >= 1 starts in the first
+// document p with start(p) < k * S + extra <= end(p), at offset k * S - start(p); the next such
+// boundary is carried along, so the walk needs no division per document.
 template <typename T>
 void emit_rows_for_documents(std::span<const int32_t> sizes,
                              std::span<const int32_t> document_index, int64_t begin,
                              int64_t end, int64_t tokens_before, int64_t sequence_length,
                              int64_t extra_token, int64_t num_samples, T* rows) {
+  // The first sample k >= 1 with k * S + extra > tokens_before.
+  int64_t sample = std::max<int64_t>(1, (tokens_before - extra_token) / sequence_length + 1);
+  if (tokens_before - extra_token < 0) sample = 1;
+  int64_t boundary = sample * sequence_length + extra_token;  // k * S + extra for k = sample
   int64_t document_start = tokens_before;
-  for (int64_t position = begin; position < end; ++position) {
-    const int64_t length = sizes[static_cast<size_t>(document_index[static_cast<size_t>(position)])];
-    const int64_t document_end = document_start + length;
-    if (length > 0) {
-      // Samples k >= 1 with document_start < k * S + extra <= document_end start here.
-      int64_t first = (document_start + 1 - extra_token + sequence_length - 1) / sequence_length;
-      if (document_start + 1 - extra_token <= 0) first = 1;
-      first = std::max<int64_t>(first, 1);
-      const int64_t last = std::min<int64_t>((document_end - extra_token) / sequence_length,
-                                             num_samples);
-      for (int64_t k = first; k <= last; ++k) {
-        rows[2 * k] = static_cast<T>(position);
-        rows[2 * k + 1] = static_cast<T>(k * sequence_length - document_start);
-      }
+  for (int64_t position = begin; position < end && sample <= num_samples; ++position) {
+    // document_index is shuffled, so sizes[...] is a random access: fetch it ahead.
+    if (position + kPrefetchDistance < end) {
+      __builtin_prefetch(
+          sizes.data() + document_index[static_cast<size_t>(position + kPrefetchDistance)]);
+    }
+    const int64_t document_end =
+        document_start + sizes[static_cast<size_t>(document_index[static_cast<size_t>(position)])];
+    while (boundary <= document_end && sample <= num_samples) {
+      rows[2 * sample] = static_cast<T>(position);
+      rows[2 * sample + 1] = static_cast<T>(boundary - extra_token - document_start);
+      ++sample;
+      boundary += sequence_length;
     }
     document_start = document_end;
   }
@@ -57,48 +77,33 @@ void emit_rows_for_documents(std::span<const int32_t> sizes,
 template <typename T>
 void build_sample_index(std::span<const int32_t> sizes, std::span<const int32_t> document_index,
                         int64_t sequence_length, int64_t extra_token,
-                        std::span<T> sample_index, int num_threads) {
+                        std::span<T> sample_index, int num_threads, int64_t total_tokens) {
   const int64_t num_samples = static_cast<int64_t>(sample_index.size() / 2) - 1;
   const int64_t num_documents = static_cast<int64_t>(document_index.size());
   T* rows = sample_index.data();
   rows[0] = 0;
   rows[1] = 0;
   if (num_samples <= 0 || num_documents == 0) return;
+  if (total_tokens < 0) total_tokens = count_tokens(sizes, document_index, 0, num_documents);
 
-  const int threads = threads_for(num_threads, num_documents, 1 << 16);
-  std::vector<int64_t> bounds(static_cast<size_t>(threads) + 1);
-  for (int t = 0; t <= threads; ++t) bounds[static_cast<size_t>(t)] = num_documents * t / threads;
-
-  // Pass 1: tokens per chunk of document positions.
-  std::vector<int64_t> chunk_tokens(static_cast<size_t>(threads), 0);
-  auto count_tokens = [&](int t) {
-    int64_t total = 0;
-    for (int64_t p = bounds[static_cast<size_t>(t)]; p < bounds[static_cast<size_t>(t) + 1]; ++p) {
-      total += sizes[static_cast<size_t>(document_index[static_cast<size_t>(p)])];
-    }
-    chunk_tokens[static_cast<size_t>(t)] = total;
+  auto emit = [&](int64_t begin, int64_t end, int64_t tokens_before) {
+    emit_rows_for_documents(sizes, document_index, begin, end, tokens_before, sequence_length,
+                            extra_token, num_samples, rows);
   };
-  // Pass 2: every chunk writes the rows of the samples that start inside it.
-  std::vector<int64_t> tokens_before(static_cast<size_t>(threads), 0);
-  auto emit = [&](int t) {
-    emit_rows_for_documents(sizes, document_index, bounds[static_cast<size_t>(t)],
-                            bounds[static_cast<size_t>(t) + 1],
-                            tokens_before[static_cast<size_t>(t)], sequence_length, extra_token,
-                            num_samples, rows);
-  };
-  auto run_all = [&](auto&& work) {
-    std::vector<std::thread> workers;
-    for (int t = 1; t < threads; ++t) workers.emplace_back(work, t);
-    work(0);
-    for (auto& worker : workers) worker.join();
-  };
-  run_all(count_tokens);
-  for (int t = 1; t < threads; ++t) {
-    tokens_before[static_cast<size_t>(t)] =
-        tokens_before[static_cast<size_t>(t) - 1] + chunk_tokens[static_cast<size_t>(t) - 1];
+  if (num_threads >= 2 && num_documents >= (1 << 16)) {
+    // The first part starts at token 0; the second learns where it starts by counting its own
+    // tokens (total - count), so it walks its documents twice and the first part once: a 2:1
+    // split balances the two threads. Rows depend only on positions, so the result is the same.
+    const int64_t split = num_documents * 2 / 3;
+    std::thread second([&] {
+      const int64_t tail = count_tokens(sizes, document_index, split, num_documents);
+      emit(split, num_documents, total_tokens - tail);
+    });
+    emit(0, split, 0);
+    second.join();
+  } else {
+    emit(0, num_documents, 0);
   }
-  const int64_t total_tokens = tokens_before.back() + chunk_tokens.back();
-  run_all(emit);
 
   // Samples that would need tokens past the end of the data (only the last one or two, when the
   // partial final sample is kept) stop on the last document, `extra` tokens before its end.
@@ -135,6 +140,7 @@ void build_gpt_indices(std::span<const int32_t> sizes, std::span<const int32_t> 
                        const GptIndexPlan& plan, std::span<int32_t> document_index,
                        std::span<SampleT> sample_index, std::span<ShuffleT> shuffle_index) {
   NumpyRandomState random(plan.seed);
+  const int64_t total_tokens = sum_selected_lengths(sizes, indices) * plan.num_epochs;
   fill_epochs(indices, document_index);
   if (plan.separate_final_epoch && plan.num_epochs > 1) {
     const size_t head = indices.size() * static_cast<size_t>(plan.num_epochs - 1);
@@ -149,18 +155,19 @@ void build_gpt_indices(std::span<const int32_t> sizes, std::span<const int32_t> 
   if (plan.num_threads >= 2) {
     std::thread shuffler([&] { build_shuffle_index(shuffle_index, plan.shuffle_split, random); });
     build_sample_index(sizes, documents, plan.sequence_length, plan.extra_token, sample_index,
-                       plan.num_threads - 1);
+                       plan.num_threads - 1, total_tokens);
     shuffler.join();
   } else {
-    build_sample_index(sizes, documents, plan.sequence_length, plan.extra_token, sample_index, 1);
+    build_sample_index(sizes, documents, plan.sequence_length, plan.extra_token, sample_index, 1,
+                       total_tokens);
     build_shuffle_index(shuffle_index, plan.shuffle_split, random);
   }
 }
 
 template void build_sample_index<int32_t>(std::span<const int32_t>, std::span<const int32_t>,
-                                          int64_t, int64_t, std::span<int32_t>, int);
+                                          int64_t, int64_t, std::span<int32_t>, int, int64_t);
 template void build_sample_index<int64_t>(std::span<const int32_t>, std::span<const int32_t>,
-                                          int64_t, int64_t, std::span<int64_t>, int);
+                                          int64_t, int64_t, std::span<int64_t>, int, int64_t);
 template void build_gpt_indices<int32_t, uint32_t>(std::span<const int32_t>,
                                                    std::span<const int32_t>, const GptIndexPlan&,
                                                    std::span<int32_t>, std::span<int32_t>,

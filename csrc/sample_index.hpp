@@ -30,10 +30,11 @@ int64_t sum_selected_lengths(std::span<const int32_t> sizes, std::span<const int
 // Index of the first entry outside [0, limit), or -1 if all are inside.
 int64_t find_out_of_range(std::span<const int32_t> values, int64_t limit);
 
+// `total_tokens` is the sum of the sizes of document_index, or -1 to count it here.
 template <typename T>
 void build_sample_index(std::span<const int32_t> sizes, std::span<const int32_t> document_index,
                         int64_t sequence_length, int64_t extra_token,
-                        std::span<T> sample_index, int num_threads);
+                        std::span<T> sample_index, int num_threads, int64_t total_tokens = -1);
 
 struct GptIndexPlan {
   uint32_t seed = 0;
