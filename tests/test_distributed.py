@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+
 from conftest import TinyTokenizer, random_documents, write_megatron_shard
 
 pytestmark = pytest.mark.distributed

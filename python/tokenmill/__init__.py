@@ -13,25 +13,60 @@ __version__ = "0.1.0"
 
 # public name -> module that defines it
 _EXPORTS: dict[str, str] = {
+    # Megatron-compatible API (megatron.core.datasets names)
     "DType": "tokenmill.formats.megatron",
     "IndexedDataset": "tokenmill.formats.megatron",
     "IndexedDatasetBuilder": "tokenmill.formats.megatron",
+    "GPTDataset": "tokenmill.datasets.gpt",
+    "GPTDatasetConfig": "tokenmill.datasets.gpt",
+    "MockGPTDataset": "tokenmill.datasets.gpt",
+    "BlendedDataset": "tokenmill.datasets.blended",
+    "BlendedMegatronDatasetBuilder": "tokenmill.datasets.builder",
+    "BlendedMegatronDatasetConfig": "tokenmill.datasets.config",
+    "Split": "tokenmill.datasets.utils",
+    "get_blend_from_list": "tokenmill.datasets.utils",
+    "parse_and_normalize_split": "tokenmill.datasets.utils",
+    "convert_split_vector_to_split_matrix": "tokenmill.datasets.utils",
+    "normalize": "tokenmill.datasets.utils",
+    # tokenmill's own
     "TokenmillError": "tokenmill.errors",
     "DataFormatError": "tokenmill.errors",
     "CacheError": "tokenmill.errors",
 }
 
-__all__ = [
-    "CacheError",
+__all__ = [  # noqa: RUF022 - grouped like _EXPORTS
+    "__version__",
     "DType",
-    "DataFormatError",
     "IndexedDataset",
     "IndexedDatasetBuilder",
+    "GPTDataset",
+    "GPTDatasetConfig",
+    "MockGPTDataset",
+    "BlendedDataset",
+    "BlendedMegatronDatasetBuilder",
+    "BlendedMegatronDatasetConfig",
+    "Split",
+    "get_blend_from_list",
+    "parse_and_normalize_split",
+    "convert_split_vector_to_split_matrix",
+    "normalize",
     "TokenmillError",
-    "__version__",
+    "DataFormatError",
+    "CacheError",
 ]
 
 if TYPE_CHECKING:
+    from tokenmill.datasets.blended import BlendedDataset
+    from tokenmill.datasets.builder import BlendedMegatronDatasetBuilder
+    from tokenmill.datasets.config import BlendedMegatronDatasetConfig
+    from tokenmill.datasets.gpt import GPTDataset, GPTDatasetConfig, MockGPTDataset
+    from tokenmill.datasets.utils import (
+        Split,
+        convert_split_vector_to_split_matrix,
+        get_blend_from_list,
+        normalize,
+        parse_and_normalize_split,
+    )
     from tokenmill.errors import CacheError, DataFormatError, TokenmillError
     from tokenmill.formats.megatron import DType, IndexedDataset, IndexedDatasetBuilder
 

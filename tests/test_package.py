@@ -1,0 +1,74 @@
+"""The package surface: lazy public API, no torch at import, the console script."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+import tokenmill
+
+
+def test_import_is_lazy_and_does_not_import_torch() -> None:
+    code = (
+        "import sys, tokenmill;"
+        "assert 'torch' not in sys.modules, 'import tokenmill imported torch';"
+        "assert 'tokenmill._core' not in sys.modules;"
+        "assert 'numpy' not in sys.modules, 'import tokenmill imported numpy';"
+        "print(tokenmill.__version__)"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=False
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == tokenmill.__version__
+
+
+def test_every_public_name_resolves() -> None:
+    for name in tokenmill.__all__:
+        assert getattr(tokenmill, name) is not None, name
+    assert set(tokenmill.__all__) >= {
+        "IndexedDataset",
+        "IndexedDatasetBuilder",
+        "DType",
+        "GPTDataset",
+        "GPTDatasetConfig",
+        "MockGPTDataset",
+        "BlendedDataset",
+        "BlendedMegatronDatasetBuilder",
+    }
+    with pytest.raises(AttributeError, match="no attribute 'Nope'"):
+        _ = tokenmill.Nope  # type: ignore[attr-defined]
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "tokenmill.cli.main", *args],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=300,
+    )
+
+
+def test_cli_version_and_help() -> None:
+    version = _cli("--version")
+    assert version.returncode == 0
+    assert version.stdout.strip() == f"tokenmill {tokenmill.__version__}"
+    usage = _cli("--help")
+    assert usage.returncode == 0
+    assert "demo" in usage.stdout
+    assert _cli().returncode == 0  # no command: prints help
+    bad = _cli("no-such-command")
+    assert bad.returncode == 2
+    assert "invalid choice" in bad.stderr
+
+
+def test_demo_runs_end_to_end(tmp_path: object) -> None:
+    result = _cli("demo", "--documents", "300", "--train-samples", "500")
+    assert result.returncode == 0, result.stderr
+    assert "built the blend" in result.stdout
+    assert "again from the cache" in result.stdout
+    assert "done:" in result.stdout
+    assert "own data" in _cli("demo", "--help").stdout
