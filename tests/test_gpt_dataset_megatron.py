@@ -282,3 +282,53 @@ def test_cache_written_by_tokenmill_is_a_hit_for_megatron(
     assert_same_indices(ours, theirs)
     for idx in range(0, len(ours), 131):
         assert_same_sample(ours[idx], theirs[idx], f"idx {idx}")
+
+
+@pytest.mark.parametrize(
+    ("fraction", "separate"), [(1.1, True), (1.5, True), (1.9, False), (3.3, True), (3.95, False)]
+)
+def test_final_epoch_rule_matches_megatron(
+    tmp_path: Path, shard: str, fraction: float, separate: bool
+) -> None:
+    """Both sides of the 0.80 separate-final-epoch threshold, over several epochs."""
+    from tokenmill.index.gpt_index import plan_gpt_indices
+
+    low_level = IndexedDataset(shard)
+    indices = np.arange(len(low_level), dtype=np.int32)
+    sequence_length = 64
+    per_epoch = (int(low_level.sequence_lengths.sum()) - 1) // sequence_length
+    num_samples = int(per_epoch * fraction)
+    plan = plan_gpt_indices(
+        np.asarray(low_level.sequence_lengths), indices, num_samples, sequence_length, True, True
+    )
+    assert plan.separate_final_epoch is separate
+    assert plan.num_epochs == int(np.ceil(fraction))
+    common = {
+        "random_seed": 42,
+        "sequence_length": sequence_length,
+        "tokenizer": TinyTokenizer(),
+        "blend": ([shard], None),
+        "split": "1",
+        "reset_position_ids": True,
+        "reset_attention_mask": True,
+        "eod_mask_loss": True,
+    }
+    theirs = megatron_gpt.GPTDataset(
+        megatron_indexed.IndexedDataset(shard),
+        shard,
+        indices,
+        num_samples,
+        megatron_utils.Split.train,
+        megatron_gpt.GPTDatasetConfig(path_to_cache=str(tmp_path / "m"), **common),
+    )
+    ours = GPTDataset(
+        low_level,
+        shard,
+        indices,
+        num_samples,
+        Split.train,
+        GPTDatasetConfig(path_to_cache=str(tmp_path / "t"), **common),
+    )
+    assert_same_indices(ours, theirs)
+    for idx in range(0, len(ours), max(1, len(ours) // 10)):
+        assert_same_sample(ours[idx], theirs[idx], f"idx {idx}")
