@@ -1,4 +1,4 @@
-"""Real multi-process runs on the gloo backend (127.0.0.1 / a file rendezvous, CPU only).
+"""Real multi-process runs on the gloo backend over 127.0.0.1 (CPU only).
 
 Each rank runs the builder exactly as a Megatron trainer would. The tests check that only the
 cache-building ranks ever build an index, that every rank sees identical samples, and that a
@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -101,11 +102,14 @@ def _run(tmp_path: Path, world_size: int, scope: str) -> list[dict[str, Any]]:
     ]
     out_dir = tmp_path / "out"
     out_dir.mkdir()
+    with socket.socket() as probe:  # a free port on the loopback interface
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
     mp.spawn(
         _rank_main,
         args=(
             world_size,
-            f"file://{tmp_path / 'rendezvous'}",
+            f"tcp://127.0.0.1:{port}",
             shards,
             str(tmp_path / "cache"),
             scope,

@@ -332,3 +332,41 @@ def test_final_epoch_rule_matches_megatron(
     assert_same_indices(ours, theirs)
     for idx in range(0, len(ours), max(1, len(ours) // 10)):
         assert_same_sample(ours[idx], theirs[idx], f"idx {idx}")
+
+
+def test_megatron_tokenizer_object_works_as_is(tmp_path: Path) -> None:
+    null_tokenizer = pytest.importorskip(
+        "megatron.core.tokenizers.text.libraries.null_tokenizer"
+    ).NullTokenizer(1000)
+    rng = np.random.default_rng(8)
+    prefix = write_megatron_shard(tmp_path / "nt", random_documents(rng, 50, 100, eod=999))
+    indices = np.arange(50, dtype=np.int32)
+    common = {
+        "random_seed": 1,
+        "sequence_length": 16,
+        "tokenizer": null_tokenizer,
+        "blend": ([prefix], None),
+        "split": "1",
+        "reset_position_ids": True,
+        "reset_attention_mask": False,
+        "eod_mask_loss": True,
+    }
+    theirs = megatron_gpt.GPTDataset(
+        megatron_indexed.IndexedDataset(prefix),
+        prefix,
+        indices,
+        100,
+        megatron_utils.Split.train,
+        megatron_gpt.GPTDatasetConfig(path_to_cache=str(tmp_path / "m"), **common),
+    )
+    ours = GPTDataset(
+        IndexedDataset(prefix),
+        prefix,
+        indices,
+        100,
+        Split.train,
+        GPTDatasetConfig(path_to_cache=str(tmp_path / "t"), **common),
+    )
+    assert ours.unique_description_hash == theirs.unique_description_hash
+    for idx in range(len(theirs)):
+        assert_same_sample(ours[idx], theirs[idx], f"idx {idx}")
