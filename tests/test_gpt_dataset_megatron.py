@@ -58,6 +58,50 @@ def assert_same_sample(ours: dict[str, Any], theirs: dict[str, Any], where: str)
         assert torch.equal(mine, reference), f"{where} {key}"
 
 
+def their_dataset(
+    prefix: str,
+    indices: Any,
+    num_samples: int | None,
+    index_split: Split,
+    cache: Any,
+    /,
+    **fields: Any,
+) -> Any:
+    """megatron-core's GPTDataset over `prefix` (cache None: megatron's default location)."""
+    if cache is not None:
+        fields["path_to_cache"] = str(cache)
+    return megatron_gpt.GPTDataset(
+        megatron_indexed.IndexedDataset(prefix),
+        prefix,
+        indices,
+        num_samples,
+        megatron_utils.Split[index_split.name],
+        megatron_gpt.GPTDatasetConfig(**fields),
+    )
+
+
+def our_dataset(
+    prefix: str,
+    indices: Any,
+    num_samples: int | None,
+    index_split: Split,
+    cache: Any,
+    /,
+    **fields: Any,
+) -> GPTDataset:
+    """tokenmill's GPTDataset over `prefix`, built the same way."""
+    if cache is not None:
+        fields["path_to_cache"] = str(cache)
+    return GPTDataset(
+        IndexedDataset(prefix),
+        prefix,
+        indices,
+        num_samples,
+        index_split,
+        GPTDatasetConfig(**fields),
+    )
+
+
 def make_corpus(tmp_path: Path, rng: np.random.Generator, kind: str) -> str:
     if kind == "short":  # many length-1 and tiny documents
         documents = [
@@ -79,7 +123,6 @@ def test_gpt_dataset_matches_megatron(tmp_path: Path, case: int) -> None:
     seed = int(rng.integers(0, 2**32))
     split = [Split.train, Split.valid, Split.test][case % 3]
     low_level = IndexedDataset(prefix)
-    their_low_level = megatron_indexed.IndexedDataset(prefix)
     count = len(low_level)
     begin = int(rng.integers(0, count))
     end = int(rng.integers(begin + 1, count + 1))
@@ -94,22 +137,8 @@ def test_gpt_dataset_matches_megatron(tmp_path: Path, case: int) -> None:
     tokenizer = TinyTokenizer()
     common = {"random_seed": seed, "sequence_length": sequence_length, "tokenizer": tokenizer}
     common |= {"blend": ([prefix], None), "split": "1", **flags}
-    theirs = megatron_gpt.GPTDataset(
-        their_low_level,
-        prefix,
-        indices,
-        num_samples,
-        megatron_utils.Split[split.name],
-        megatron_gpt.GPTDatasetConfig(path_to_cache=str(tmp_path / "megatron"), **common),
-    )
-    ours = GPTDataset(
-        low_level,
-        prefix,
-        indices,
-        num_samples,
-        split,
-        GPTDatasetConfig(path_to_cache=str(tmp_path / "tokenmill"), **common),
-    )
+    theirs = their_dataset(prefix, indices, num_samples, split, tmp_path / "megatron", **common)
+    ours = our_dataset(prefix, indices, num_samples, split, tmp_path / "tokenmill", **common)
     assert ours.unique_description == theirs.unique_description
     assert ours.unique_description_hash == theirs.unique_description_hash
     assert_same_indices(ours, theirs)
@@ -156,21 +185,9 @@ def test_pad_token_and_real_pads_match_megatron(tmp_path: Path) -> None:
         indices = np.arange(60, dtype=np.int32)
         with warnings.catch_warnings(record=True):
             warnings.simplefilter("always")
-            theirs = megatron_gpt.GPTDataset(
-                megatron_indexed.IndexedDataset(prefix),
-                prefix,
-                indices,
-                None,
-                megatron_utils.Split.valid,
-                megatron_gpt.GPTDatasetConfig(**common),
-            )
-            ours = GPTDataset(
-                IndexedDataset(prefix),
-                prefix,
-                indices,
-                None,
-                Split.valid,
-                GPTDatasetConfig(path_to_cache=str(tmp_path / f"t{pad}{allow}"), **common),
+            theirs = their_dataset(prefix, indices, None, Split.valid, None, **common)
+            ours = our_dataset(
+                prefix, indices, None, Split.valid, tmp_path / f"t{pad}{allow}", **common
             )
         assert ours._pad_token_id == theirs._pad_token_id
         for idx in range(len(theirs)):
@@ -220,23 +237,14 @@ def test_cache_written_by_megatron_is_a_hit(
         "path_to_cache": str(tmp_path / "cache"),
     }
     indices = np.arange(200, dtype=np.int32)
-    theirs = megatron_gpt.GPTDataset(
-        megatron_indexed.IndexedDataset(shard),
-        shard,
-        indices,
-        700,
-        megatron_utils.Split.train,
-        megatron_gpt.GPTDatasetConfig(**common),
-    )
+    theirs = their_dataset(shard, indices, 700, Split.train, None, **common)
     before = {p.name: p.stat().st_mtime_ns for p in (tmp_path / "cache").iterdir()}
 
     def no_build(*args: Any, **kwargs: Any) -> None:
         raise AssertionError("tokenmill rebuilt an index megatron-core had cached")
 
     monkeypatch.setattr("tokenmill.datasets.gpt.build_gpt_indices", no_build)
-    ours = GPTDataset(
-        IndexedDataset(shard), shard, indices, 700, Split.train, GPTDatasetConfig(**common)
-    )
+    ours = our_dataset(shard, indices, 700, Split.train, None, **common)
     assert_same_indices(ours, theirs)
     after = {
         p.name: p.stat().st_mtime_ns for p in (tmp_path / "cache").iterdir() if p.name[0] != "."
@@ -262,23 +270,14 @@ def test_cache_written_by_tokenmill_is_a_hit_for_megatron(
         "path_to_cache": str(tmp_path / "cache"),
     }
     indices = np.arange(200, dtype=np.int32)
-    ours = GPTDataset(
-        IndexedDataset(shard), shard, indices, 1500, Split.train, GPTDatasetConfig(**common)
-    )
+    ours = our_dataset(shard, indices, 1500, Split.train, None, **common)
     from megatron.core.datasets import helpers
 
     def no_build(*args: Any, **kwargs: Any) -> None:
         raise AssertionError("megatron-core rebuilt an index tokenmill had cached")
 
     monkeypatch.setattr(helpers, "build_sample_idx", no_build)
-    theirs = megatron_gpt.GPTDataset(
-        megatron_indexed.IndexedDataset(shard),
-        shard,
-        indices,
-        1500,
-        megatron_utils.Split.train,
-        megatron_gpt.GPTDatasetConfig(**common),
-    )
+    theirs = their_dataset(shard, indices, 1500, Split.train, None, **common)
     assert_same_indices(ours, theirs)
     for idx in range(0, len(ours), 131):
         assert_same_sample(ours[idx], theirs[idx], f"idx {idx}")
@@ -313,22 +312,8 @@ def test_final_epoch_rule_matches_megatron(
         "reset_attention_mask": True,
         "eod_mask_loss": True,
     }
-    theirs = megatron_gpt.GPTDataset(
-        megatron_indexed.IndexedDataset(shard),
-        shard,
-        indices,
-        num_samples,
-        megatron_utils.Split.train,
-        megatron_gpt.GPTDatasetConfig(path_to_cache=str(tmp_path / "m"), **common),
-    )
-    ours = GPTDataset(
-        low_level,
-        shard,
-        indices,
-        num_samples,
-        Split.train,
-        GPTDatasetConfig(path_to_cache=str(tmp_path / "t"), **common),
-    )
+    theirs = their_dataset(shard, indices, num_samples, Split.train, tmp_path / "m", **common)
+    ours = our_dataset(shard, indices, num_samples, Split.train, tmp_path / "t", **common)
     assert_same_indices(ours, theirs)
     for idx in range(0, len(ours), max(1, len(ours) // 10)):
         assert_same_sample(ours[idx], theirs[idx], f"idx {idx}")
@@ -351,22 +336,8 @@ def test_megatron_tokenizer_object_works_as_is(tmp_path: Path) -> None:
         "reset_attention_mask": False,
         "eod_mask_loss": True,
     }
-    theirs = megatron_gpt.GPTDataset(
-        megatron_indexed.IndexedDataset(prefix),
-        prefix,
-        indices,
-        100,
-        megatron_utils.Split.train,
-        megatron_gpt.GPTDatasetConfig(path_to_cache=str(tmp_path / "m"), **common),
-    )
-    ours = GPTDataset(
-        IndexedDataset(prefix),
-        prefix,
-        indices,
-        100,
-        Split.train,
-        GPTDatasetConfig(path_to_cache=str(tmp_path / "t"), **common),
-    )
+    theirs = their_dataset(prefix, indices, 100, Split.train, tmp_path / "m", **common)
+    ours = our_dataset(prefix, indices, 100, Split.train, tmp_path / "t", **common)
     assert ours.unique_description_hash == theirs.unique_description_hash
     for idx in range(len(theirs)):
         assert_same_sample(ours[idx], theirs[idx], f"idx {idx}")
