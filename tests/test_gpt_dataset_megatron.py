@@ -58,6 +58,22 @@ def assert_same_sample(ours: dict[str, Any], theirs: dict[str, Any], where: str)
         assert torch.equal(mine, reference), f"{where} {key}"
 
 
+def gpt_fields(prefix: str, **overrides: Any) -> dict[str, Any]:
+    """Config fields shared by both libraries' GPTDatasetConfig in these tests."""
+    fields: dict[str, Any] = {
+        "random_seed": 9,
+        "sequence_length": 50,
+        "tokenizer": TinyTokenizer(),
+        "blend": ([prefix], None),
+        "split": "1",
+        "reset_position_ids": False,
+        "reset_attention_mask": False,
+        "eod_mask_loss": False,
+    }
+    fields.update(overrides)
+    return fields
+
+
 def their_dataset(
     prefix: str,
     indices: Any,
@@ -224,18 +240,7 @@ def test_mock_dataset_matches_megatron(tmp_path: Path) -> None:
 def test_cache_written_by_megatron_is_a_hit(
     tmp_path: Path, shard: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    tokenizer = TinyTokenizer()
-    common = {
-        "random_seed": 9,
-        "sequence_length": 50,
-        "tokenizer": tokenizer,
-        "blend": ([shard], None),
-        "split": "1",
-        "reset_position_ids": False,
-        "reset_attention_mask": False,
-        "eod_mask_loss": False,
-        "path_to_cache": str(tmp_path / "cache"),
-    }
+    common = gpt_fields(shard, path_to_cache=str(tmp_path / "cache"))
     indices = np.arange(200, dtype=np.int32)
     theirs = their_dataset(shard, indices, 700, Split.train, None, **common)
     before = {p.name: p.stat().st_mtime_ns for p in (tmp_path / "cache").iterdir()}
@@ -257,18 +262,13 @@ def test_cache_written_by_megatron_is_a_hit(
 def test_cache_written_by_tokenmill_is_a_hit_for_megatron(
     tmp_path: Path, shard: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    tokenizer = TinyTokenizer()
-    common = {
-        "random_seed": 9,
-        "sequence_length": 50,
-        "tokenizer": tokenizer,
-        "blend": ([shard], None),
-        "split": "1",
-        "reset_position_ids": True,
-        "reset_attention_mask": True,
-        "eod_mask_loss": True,
-        "path_to_cache": str(tmp_path / "cache"),
-    }
+    common = gpt_fields(
+        shard,
+        path_to_cache=str(tmp_path / "cache"),
+        reset_position_ids=True,
+        reset_attention_mask=True,
+        eod_mask_loss=True,
+    )
     indices = np.arange(200, dtype=np.int32)
     ours = our_dataset(shard, indices, 1500, Split.train, None, **common)
     from megatron.core.datasets import helpers
@@ -302,16 +302,14 @@ def test_final_epoch_rule_matches_megatron(
     )
     assert plan.separate_final_epoch is separate
     assert plan.num_epochs == int(np.ceil(fraction))
-    common = {
-        "random_seed": 42,
-        "sequence_length": sequence_length,
-        "tokenizer": TinyTokenizer(),
-        "blend": ([shard], None),
-        "split": "1",
-        "reset_position_ids": True,
-        "reset_attention_mask": True,
-        "eod_mask_loss": True,
-    }
+    common = gpt_fields(
+        shard,
+        random_seed=42,
+        sequence_length=sequence_length,
+        reset_position_ids=True,
+        reset_attention_mask=True,
+        eod_mask_loss=True,
+    )
     theirs = their_dataset(shard, indices, num_samples, Split.train, tmp_path / "m", **common)
     ours = our_dataset(shard, indices, num_samples, Split.train, tmp_path / "t", **common)
     assert_same_indices(ours, theirs)
@@ -326,16 +324,14 @@ def test_megatron_tokenizer_object_works_as_is(tmp_path: Path) -> None:
     rng = np.random.default_rng(8)
     prefix = write_megatron_shard(tmp_path / "nt", random_documents(rng, 50, 100, eod=999))
     indices = np.arange(50, dtype=np.int32)
-    common = {
-        "random_seed": 1,
-        "sequence_length": 16,
-        "tokenizer": null_tokenizer,
-        "blend": ([prefix], None),
-        "split": "1",
-        "reset_position_ids": True,
-        "reset_attention_mask": False,
-        "eod_mask_loss": True,
-    }
+    common = gpt_fields(
+        prefix,
+        random_seed=1,
+        sequence_length=16,
+        tokenizer=null_tokenizer,
+        reset_position_ids=True,
+        eod_mask_loss=True,
+    )
     theirs = their_dataset(prefix, indices, 100, Split.train, tmp_path / "m", **common)
     ours = our_dataset(prefix, indices, 100, Split.train, tmp_path / "t", **common)
     assert ours.unique_description_hash == theirs.unique_description_hash
