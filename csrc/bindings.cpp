@@ -8,6 +8,7 @@
 #include <string>
 
 #include "blending.hpp"
+#include "packing.hpp"
 #include "sample_index.hpp"
 #include "shuffle.hpp"
 
@@ -284,6 +285,57 @@ void build_exhaustive_blending_indices(const py::array& sizes_array, py::array d
   }
 }
 
+// -- packing ------------------------------------------------------------------------------
+
+template <typename T>
+py::array_t<T> vector_to_array(std::vector<T>&& values, std::vector<py::ssize_t> shape) {
+  // Hand the vector's buffer to numpy without copying; the capsule frees it.
+  auto* owned = new std::vector<T>(std::move(values));
+  py::capsule owner(owned, [](void* pointer) { delete static_cast<std::vector<T>*>(pointer); });
+  return py::array_t<T>(shape, owned->data(), owner);
+}
+
+py::tuple plan_packing(const py::array& lengths_array, int64_t row_length, int64_t overlap,
+                       int64_t max_pieces_per_row, int64_t window, int64_t max_open_rows,
+                       int64_t segment, bool bos_aligned, int num_threads) {
+  auto lengths = input_span<int32_t>(lengths_array, "lengths");
+  if (row_length < 2) fail_value("sequence_length must be >= 2, got " + std::to_string(row_length));
+  if (overlap < 0 || 2 * overlap > row_length) {
+    fail_value("window_overlap must be in [0, sequence_length / 2], got " +
+               std::to_string(overlap));
+  }
+  if (max_pieces_per_row < 1) {
+    fail_value("max_documents_per_row must be >= 1, got " + std::to_string(max_pieces_per_row));
+  }
+  if (window < 1) fail_value("planning_window must be >= 1, got " + std::to_string(window));
+  if (max_open_rows < 1) fail_value("max_open_rows must be >= 1, got " + std::to_string(max_open_rows));
+  for (size_t i = 0; i < lengths.size(); ++i) {
+    if (lengths[i] < 0) {
+      throw py::value_error("lengths[" + std::to_string(i) + "] = " + std::to_string(lengths[i]) +
+                            " is negative");
+    }
+  }
+  tokenmill::PackingOptions options;
+  options.row_length = row_length;
+  options.overlap = overlap;
+  options.max_pieces_per_row = max_pieces_per_row;
+  options.window = window;
+  options.max_open_rows = max_open_rows;
+  options.segment = segment;
+  options.bos_aligned = bos_aligned;
+  options.num_threads = num_threads;
+  tokenmill::PackingPlan plan;
+  {
+    py::gil_scoped_release release;  // reads the caller's lengths buffer, writes C++ vectors
+    plan = tokenmill::plan_packing(lengths, options);
+  }
+  const auto entries = static_cast<py::ssize_t>(plan.entries.size() / 5);
+  const auto rows = static_cast<py::ssize_t>(plan.row_offsets.size());
+  return py::make_tuple(vector_to_array(std::move(plan.entries), {entries, 5}),
+                        vector_to_array(std::move(plan.row_offsets), {rows}), plan.padding,
+                        plan.inserted_bos);
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_core, m, py::mod_gil_not_used()) {
@@ -313,4 +365,8 @@ PYBIND11_MODULE(_core, m, py::mod_gil_not_used()) {
         "margin"_a = -1.0,
         "Exhaustive blending indices (megatron-core's build_exhaustive_blending_indices). path, "
         "window and margin are a test hook: they choose the kernel, never the result.");
+  m.def("plan_packing", &plan_packing, "lengths"_a.noconvert(), "row_length"_a, "overlap"_a,
+        "max_pieces_per_row"_a, "window"_a, "max_open_rows"_a, "segment"_a, "bos_aligned"_a,
+        "num_threads"_a = 1,
+        "Packing plan: (entries [E, 5] int64, row_offsets [R + 1] int64, padding, inserted_bos).");
 }

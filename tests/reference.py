@@ -151,3 +151,117 @@ def exhaustive_blending_indices_reference(sizes: Sequence[int]) -> tuple[list[in
         dataset_sample_index.append(counts[best])
         counts[best] += 1
     return dataset_index, dataset_sample_index
+
+
+# --- packing plans -----------------------------------------------------------------------------
+
+
+def pieces_reference(
+    lengths: Sequence[int], row_length: int, overlap: int, windows: bool = True
+) -> list[list[int]]:
+    """[document, offset, length, masked, flags] for every piece, documents in order."""
+    pieces = []
+    for document, length in enumerate(lengths):
+        if length == 0:
+            continue
+        if not windows:
+            pieces.append([document, 0, length, 0, 0])
+            continue
+        start = 0
+        while True:
+            size = min(row_length, length - start)
+            pieces.append([document, start, size, overlap if start > 0 else 0, 0])
+            if start + row_length >= length:
+                break
+            start += row_length - overlap
+    return pieces
+
+
+def best_fit_reference(
+    pieces: list[list[int]], row_length: int, max_pieces: int, window: int, max_open: int
+) -> list[list[list[int]]]:
+    """Best-fit decreasing over blocks of `window` pieces; rows in the order they close."""
+    rows: list[list[list[int]]] = []
+    rooms: list[int] = []
+    open_rows: list[tuple[int, int]] = []  # sorted (room, row id)
+    closed: list[list[list[int]]] = []
+    for begin in range(0, len(pieces), window):
+        block = sorted(range(begin, min(len(pieces), begin + window)), key=lambda i: -pieces[i][2])
+        for index in block:
+            piece = pieces[index]
+            fit = next((entry for entry in open_rows if entry[0] >= piece[2]), None)
+            if fit is None:
+                row_id = len(rows)
+                rows.append([])
+                rooms.append(row_length)
+            else:
+                open_rows.remove(fit)
+                row_id = fit[1]
+            rows[row_id].append(piece)
+            rooms[row_id] -= piece[2]
+            if rooms[row_id] == 0 or len(rows[row_id]) >= max_pieces:
+                closed.append(rows[row_id])
+            else:
+                open_rows.append((rooms[row_id], row_id))
+                open_rows.sort()
+                if len(open_rows) > max_open:
+                    closed.append(rows[open_rows.pop(0)[1]])
+    closed.extend(rows[row_id] for _, row_id in sorted(open_rows, key=lambda entry: entry[1]))
+    return closed
+
+
+def bos_aligned_reference(
+    pieces: list[list[int]], row_length: int, max_pieces: int, window: int
+) -> list[list[list[int]]]:
+    """Full rows: the longest piece that fits, else crop the shortest too-long piece."""
+    store = [list(piece) for piece in pieces]
+    buffer: list[tuple[int, int]] = []  # sorted (effective length, store index)
+    next_piece = 0
+
+    def effective(piece: list[int]) -> int:
+        return piece[2] + (piece[4] & 1)
+
+    def refill() -> None:
+        nonlocal next_piece
+        while len(buffer) < window and next_piece < len(pieces):
+            buffer.append((effective(store[next_piece]), next_piece))
+            next_piece += 1
+        buffer.sort()
+
+    refill()
+    rows = []
+    while buffer:
+        row: list[list[int]] = []
+        room = row_length
+        while room > 0 and buffer:
+            last_slot = len(row) + 1 >= max_pieces
+            fitting = [entry for entry in buffer if entry[0] <= room]
+            if fitting and not last_slot:
+                entry = fitting[-1]
+                buffer.remove(entry)
+                row.append(store[entry[1]])
+                room -= entry[0]
+                refill()
+                continue
+            too_long = [entry for entry in buffer if entry[0] > room]
+            if not too_long:
+                entry = fitting[-1]
+                buffer.remove(entry)
+                row.append(store[entry[1]])
+                room -= entry[0]
+                refill()
+                break
+            entry = too_long[0]
+            piece = store[entry[1]]
+            take = room - (piece[4] & 1)
+            if take <= 0:
+                break
+            buffer.remove(entry)
+            row.append([piece[0], piece[1], take, min(piece[3], take), piece[4]])
+            rest = [piece[0], piece[1] + take, piece[2] - take, max(0, piece[3] - take), 1]
+            store.append(rest)
+            buffer.append((effective(rest), len(store) - 1))
+            buffer.sort()
+            room = 0
+        rows.append(row)
+    return rows

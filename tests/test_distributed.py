@@ -148,3 +148,52 @@ def test_node_scope_builds_once_per_node(tmp_path: Path) -> None:
         assert (tmp_path / "cache" / "node0" / name).read_bytes() == (
             tmp_path / "cache" / "node1" / name
         ).read_bytes()
+
+
+def _packing_rank_main(
+    rank: int, world_size: int, rendezvous: str, shard: str, cache: str, out_dir: str
+) -> None:
+    os.environ["OMP_NUM_THREADS"] = "1"
+    import torch.distributed as dist
+
+    import tokenmill.datasets.packed as packed_module
+    from tokenmill import IndexedDataset
+    from tokenmill.datasets.packed import PackedDataset, PackingConfig
+
+    dist.init_process_group("gloo", init_method=rendezvous, rank=rank, world_size=world_size)
+    plans = {"count": 0}
+    real_plan = packed_module.plan_packing
+
+    def counting_plan(*args: Any, **kwargs: Any) -> Any:
+        plans["count"] += 1
+        return real_plan(*args, **kwargs)
+
+    packed_module.plan_packing = counting_plan
+    config = PackingConfig(sequence_length=64, path_to_cache=cache, num_threads=1 + rank)
+    dataset = PackedDataset(IndexedDataset(shard), config)
+    hasher = hashlib.sha256(np.ascontiguousarray(dataset.entries).tobytes())
+    hasher.update(np.ascontiguousarray(dataset.row_order).tobytes())
+    for idx in range(0, len(dataset), 7):
+        hasher.update(dataset[idx]["input_ids"].numpy().tobytes())
+    result = {"plans": plans["count"], "digest": hasher.hexdigest()}
+    Path(out_dir, f"{rank}.json").write_text(json.dumps(result))
+    dist.destroy_process_group()
+
+
+def test_packing_plan_is_built_once_and_identical_on_every_rank(tmp_path: Path) -> None:
+    rng = np.random.default_rng(4)
+    shard = write_megatron_shard(tmp_path / "docs", random_documents(rng, 300, 200))
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    mp.spawn(
+        _packing_rank_main,
+        args=(3, f"tcp://127.0.0.1:{port}", shard, str(tmp_path / "cache"), str(out_dir)),
+        nprocs=3,
+        join=True,
+    )
+    results = [json.loads((out_dir / f"{rank}.json").read_text()) for rank in range(3)]
+    assert [r["plans"] for r in results] == [1, 0, 0]
+    assert len({r["digest"] for r in results}) == 1

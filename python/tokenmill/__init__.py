@@ -29,6 +29,9 @@ _EXPORTS: dict[str, str] = {
     "convert_split_vector_to_split_matrix": "tokenmill.datasets.utils",
     "normalize": "tokenmill.datasets.utils",
     # tokenmill's own
+    "PackedDataset": "tokenmill.datasets.packed",
+    "PackingConfig": "tokenmill.datasets.packed",
+    "document_block_mask": "tokenmill.datasets.packed",
     "TokenmillError": "tokenmill.errors",
     "DataFormatError": "tokenmill.errors",
     "CacheError": "tokenmill.errors",
@@ -50,6 +53,9 @@ __all__ = [  # noqa: RUF022 - grouped like _EXPORTS
     "parse_and_normalize_split",
     "convert_split_vector_to_split_matrix",
     "normalize",
+    "PackedDataset",
+    "PackingConfig",
+    "document_block_mask",
     "TokenmillError",
     "DataFormatError",
     "CacheError",
@@ -60,6 +66,7 @@ if TYPE_CHECKING:
     from tokenmill.datasets.builder import BlendedMegatronDatasetBuilder
     from tokenmill.datasets.config import BlendedMegatronDatasetConfig
     from tokenmill.datasets.gpt import GPTDataset, GPTDatasetConfig, MockGPTDataset
+    from tokenmill.datasets.packed import PackedDataset, PackingConfig, document_block_mask
     from tokenmill.datasets.utils import (
         Split,
         convert_split_vector_to_split_matrix,

@@ -37,3 +37,14 @@ def build_exhaustive_blending_indices(
     dataset_index: npt.NDArray[np.integer],
     dataset_sample_index: npt.NDArray[np.int64],
 ) -> None: ...
+def plan_packing(
+    lengths: npt.NDArray[np.int32],
+    row_length: int,
+    overlap: int,
+    max_pieces_per_row: int,
+    window: int,
+    max_open_rows: int,
+    segment: int,
+    bos_aligned: bool,
+    num_threads: int = 1,
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], int, int]: ...

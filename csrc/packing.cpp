@@ -1,0 +1,213 @@
+#include "packing.hpp"
+
+#include <algorithm>
+#include <numeric>
+#include <set>
+#include <thread>
+#include <tuple>
+#include <utility>
+
+namespace tokenmill {
+namespace {
+
+struct Piece {
+  int64_t document;
+  int64_t offset;
+  int64_t length;
+  int64_t masked;
+  int64_t flags;
+};
+
+void add_entry(PackingPlan& plan, const Piece& piece) {
+  plan.entries.insert(plan.entries.end(),
+                      {piece.document, piece.offset, piece.length, piece.masked, piece.flags});
+}
+
+void close_row(PackingPlan& plan, const std::vector<Piece>& row, int64_t padding) {
+  for (const Piece& piece : row) add_entry(plan, piece);
+  plan.row_offsets.push_back(static_cast<int64_t>(plan.entries.size() / 5));
+  plan.padding += padding;
+}
+
+// Whole documents, long ones cut into windows; with `windows` false (BOS-aligned mode) long
+// documents stay whole and are cropped by the planner, each remainder behind an inserted BOS.
+std::vector<Piece> make_pieces(std::span<const int32_t> lengths, int64_t first_document,
+                               int64_t row_length, int64_t overlap, bool windows) {
+  std::vector<Piece> pieces;
+  pieces.reserve(lengths.size());
+  const int64_t stride = row_length - overlap;
+  for (size_t i = 0; i < lengths.size(); ++i) {
+    const int64_t document = first_document + static_cast<int64_t>(i);
+    const int64_t length = lengths[i];
+    if (length == 0) continue;
+    if (length <= row_length || !windows) {
+      pieces.push_back({document, 0, length, 0, 0});
+      continue;
+    }
+    for (int64_t start = 0;; start += stride) {
+      const int64_t size = std::min(row_length, length - start);
+      pieces.push_back({document, start, size, start > 0 ? overlap : 0, 0});
+      if (start + row_length >= length) break;
+    }
+  }
+  return pieces;
+}
+
+// Best-fit decreasing over blocks of `window` pieces, with open rows carried across blocks.
+PackingPlan plan_best_fit(const std::vector<Piece>& pieces, const PackingOptions& options) {
+  PackingPlan plan;
+  struct Row {
+    int64_t room;
+    std::vector<Piece> pieces;
+  };
+  std::vector<Row> rows;                          // every row opened in this segment
+  std::set<std::pair<int64_t, int64_t>> open;     // (room, row id): best fit = lower_bound
+  auto finish = [&](int64_t id) {
+    close_row(plan, rows[static_cast<size_t>(id)].pieces, rows[static_cast<size_t>(id)].room);
+    rows[static_cast<size_t>(id)].pieces = {};
+  };
+  std::vector<size_t> order;
+  for (size_t begin = 0; begin < pieces.size(); begin += static_cast<size_t>(options.window)) {
+    const size_t end = std::min(pieces.size(), begin + static_cast<size_t>(options.window));
+    order.resize(end - begin);
+    std::iota(order.begin(), order.end(), begin);
+    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+      return pieces[a].length > pieces[b].length;
+    });
+    for (const size_t index : order) {
+      const Piece& piece = pieces[index];
+      auto fit = open.lower_bound({piece.length, -1});
+      int64_t id = 0;
+      if (fit == open.end()) {
+        id = static_cast<int64_t>(rows.size());
+        rows.push_back({options.row_length, {}});
+      } else {
+        id = fit->second;
+        open.erase(fit);
+      }
+      Row& row = rows[static_cast<size_t>(id)];
+      row.pieces.push_back(piece);
+      row.room -= piece.length;
+      if (row.room == 0 || static_cast<int64_t>(row.pieces.size()) >= options.max_pieces_per_row) {
+        finish(id);
+      } else {
+        open.insert({row.room, id});
+        if (static_cast<int64_t>(open.size()) > options.max_open_rows) {
+          const auto fullest = open.begin();
+          finish(fullest->second);
+          open.erase(fullest);
+        }
+      }
+    }
+  }
+  std::vector<int64_t> remaining;
+  for (const auto& [room, id] : open) remaining.push_back(id);
+  std::sort(remaining.begin(), remaining.end());
+  for (const int64_t id : remaining) finish(id);
+  return plan;
+}
+
+// Every row full: longest fitting piece first, else crop the shortest and requeue the rest.
+PackingPlan plan_bos_aligned(const std::vector<Piece>& pieces, const PackingOptions& options) {
+  PackingPlan plan;
+  std::vector<Piece> store(pieces);                   // buffer entries refer to this storage
+  std::set<std::tuple<int64_t, int64_t>> buffer;      // (effective length, storage index)
+  size_t next = 0;
+  auto effective = [&](const Piece& piece) { return piece.length + (piece.flags & kInsertedBos); };
+  auto refill = [&] {
+    while (static_cast<int64_t>(buffer.size()) < options.window && next < pieces.size()) {
+      buffer.insert({effective(store[next]), static_cast<int64_t>(next)});
+      ++next;
+    }
+  };
+  refill();
+  while (!buffer.empty()) {
+    std::vector<Piece> row;
+    int64_t room = options.row_length;
+    while (room > 0 && !buffer.empty()) {
+      const bool last_slot = static_cast<int64_t>(row.size()) + 1 >= options.max_pieces_per_row;
+      // The longest piece that fits (the latest of equal lengths).
+      auto fit = buffer.upper_bound({room, INT64_MAX});
+      if (fit != buffer.begin() && !last_slot) {
+        --fit;
+        const Piece piece = store[static_cast<size_t>(std::get<1>(*fit))];
+        buffer.erase(fit);
+        row.push_back(piece);
+        room -= effective(piece);
+        refill();
+        continue;
+      }
+      // Nothing fits (or one slot left): crop the shortest piece that is too long.
+      auto crop = buffer.upper_bound({room, INT64_MAX});
+      if (crop == buffer.end()) {  // one slot left and everything fits: take the longest
+        --crop;
+        const Piece piece = store[static_cast<size_t>(std::get<1>(*crop))];
+        buffer.erase(crop);
+        row.push_back(piece);
+        room -= effective(piece);
+        refill();
+        break;
+      }
+      const int64_t index = std::get<1>(*crop);
+      Piece piece = store[static_cast<size_t>(index)];
+      const int64_t cost = piece.flags & kInsertedBos;
+      const int64_t take = room - cost;
+      if (take <= 0) break;  // a single free token cannot hold an inserted BOS and data
+      buffer.erase(crop);
+      row.push_back({piece.document, piece.offset, take, std::min(piece.masked, take),
+                     piece.flags});
+      Piece rest{piece.document, piece.offset + take, piece.length - take,
+                 std::max<int64_t>(0, piece.masked - take), kInsertedBos};
+      store.push_back(rest);
+      buffer.insert({effective(rest), static_cast<int64_t>(store.size() - 1)});
+      room = 0;
+    }
+    for (const Piece& piece : row) plan.inserted_bos += piece.flags & kInsertedBos;
+    close_row(plan, row, room);
+  }
+  return plan;
+}
+
+}  // namespace
+
+PackingPlan plan_packing(std::span<const int32_t> lengths, const PackingOptions& options) {
+  const size_t documents = lengths.size();
+  const size_t segment = static_cast<size_t>(std::max<int64_t>(options.segment, 1));
+  const size_t segments = documents == 0 ? 0 : (documents + segment - 1) / segment;
+  std::vector<PackingPlan> parts(segments);
+  auto plan_segment = [&](size_t s) {
+    const size_t begin = s * segment;
+    const size_t end = std::min(documents, begin + segment);
+    const auto pieces = make_pieces(lengths.subspan(begin, end - begin),
+                                    static_cast<int64_t>(begin), options.row_length,
+                                    options.overlap, !options.bos_aligned);
+    parts[s] = options.bos_aligned ? plan_bos_aligned(pieces, options)
+                                   : plan_best_fit(pieces, options);
+  };
+  const size_t threads =
+      std::min<size_t>(static_cast<size_t>(std::max(options.num_threads, 1)), segments);
+  if (threads <= 1) {
+    for (size_t s = 0; s < segments; ++s) plan_segment(s);
+  } else {
+    std::vector<std::thread> workers;
+    for (size_t t = 0; t < threads; ++t) {
+      workers.emplace_back([&, t] {
+        for (size_t s = t; s < segments; s += threads) plan_segment(s);
+      });
+    }
+    for (auto& worker : workers) worker.join();
+  }
+  PackingPlan plan;
+  for (PackingPlan& part : parts) {
+    const int64_t base = static_cast<int64_t>(plan.entries.size() / 5);
+    plan.entries.insert(plan.entries.end(), part.entries.begin(), part.entries.end());
+    for (size_t r = 1; r < part.row_offsets.size(); ++r) {
+      plan.row_offsets.push_back(base + part.row_offsets[r]);
+    }
+    plan.padding += part.padding;
+    plan.inserted_bos += part.inserted_bos;
+  }
+  return plan;
+}
+
+}  // namespace tokenmill
