@@ -4,12 +4,17 @@
 #include <pybind11/pybind11.h>
 
 #include <cstdint>
+#include <optional>
+#include <type_traits>
+#include <utility>
+#include <vector>
 #include <span>
 #include <string>
 
 #include "blending.hpp"
 #include "sample_index.hpp"
 #include "shuffle.hpp"
+#include "token_scan.hpp"
 
 namespace py = pybind11;
 using namespace pybind11::literals;
@@ -286,6 +291,87 @@ void build_exhaustive_blending_indices(const py::array& sizes_array, py::array d
 
 }  // namespace
 
+// ---- token scan (find_token_positions / count_token) ---------------------------------------
+namespace {
+
+// The token id as T, or nothing when T cannot hold it (then no element can equal it, which is
+// what numpy's `tokens == token` gives for an out-of-range Python int).
+template <typename T>
+std::optional<T> token_as(const py::int_& token) {
+  int overflow = 0;
+  const long long value = PyLong_AsLongLongAndOverflow(token.ptr(), &overflow);
+  if (overflow == 0 && value == -1 && PyErr_Occurred()) throw py::error_already_set();
+  if (overflow < 0) return std::nullopt;
+  if (overflow > 0) {
+    const unsigned long long big = PyLong_AsUnsignedLongLong(token.ptr());
+    if (PyErr_Occurred()) {
+      PyErr_Clear();
+      return std::nullopt;
+    }
+    if (!std::in_range<T>(big)) return std::nullopt;
+    return static_cast<T>(big);
+  }
+  if (!std::in_range<T>(value)) return std::nullopt;
+  return static_cast<T>(value);
+}
+
+py::array_t<int64_t> positions_array(std::vector<int64_t>&& positions) {
+  // Hand the vector to numpy without a copy; the capsule frees it with the array.
+  auto* owned = new std::vector<int64_t>(std::move(positions));
+  py::capsule owner(owned, [](void* p) { delete static_cast<std::vector<int64_t>*>(p); });
+  return py::array_t<int64_t>({static_cast<py::ssize_t>(owned->size())}, owned->data(), owner);
+}
+
+template <typename Visit>
+auto dispatch_tokens(const py::array& tokens, Visit visit) {
+  if (tokens.ndim() != 1) fail_value("tokens must be 1-D, got ndim " + std::to_string(tokens.ndim()));
+  if (has_dtype<uint16_t>(tokens)) return visit(input_span<uint16_t>(tokens, "tokens"));
+  if (has_dtype<uint32_t>(tokens)) return visit(input_span<uint32_t>(tokens, "tokens"));
+  if (has_dtype<int32_t>(tokens)) return visit(input_span<int32_t>(tokens, "tokens"));
+  if (has_dtype<int64_t>(tokens)) return visit(input_span<int64_t>(tokens, "tokens"));
+  if (has_dtype<uint8_t>(tokens)) return visit(input_span<uint8_t>(tokens, "tokens"));
+  if (has_dtype<int8_t>(tokens)) return visit(input_span<int8_t>(tokens, "tokens"));
+  if (has_dtype<int16_t>(tokens)) return visit(input_span<int16_t>(tokens, "tokens"));
+  if (has_dtype<uint64_t>(tokens)) return visit(input_span<uint64_t>(tokens, "tokens"));
+  throw py::type_error("tokens must have an integer dtype (u)int8/16/32/64, got " +
+                       dtype_name(tokens));
+}
+
+py::array_t<int64_t> find_token_positions(const py::array& tokens, const py::int_& token,
+                                          int num_threads) {
+  return dispatch_tokens(tokens, [&](auto span) {
+    using T = std::remove_const_t<typename decltype(span)::element_type>;
+    const auto value = token_as<T>(token);
+    std::vector<int64_t> positions;
+    if (value) {
+      py::gil_scoped_release release;  // read-only scan of a buffer the caller keeps alive
+      positions = tokenmill::find_token_positions(span, *value, num_threads);
+    }
+    return positions_array(std::move(positions));
+  });
+}
+
+int64_t count_token(const py::array& tokens, const py::int_& token, int num_threads) {
+  return dispatch_tokens(tokens, [&](auto span) -> int64_t {
+    using T = std::remove_const_t<typename decltype(span)::element_type>;
+    const auto value = token_as<T>(token);
+    if (!value) return 0;
+    py::gil_scoped_release release;  // read-only scan of a buffer the caller keeps alive
+    return tokenmill::count_token(span, *value, num_threads);
+  });
+}
+
+void register_token_scan(py::module_& m) {
+  m.def("find_token_positions", &find_token_positions, "tokens"_a.noconvert(), "token"_a,
+        "num_threads"_a = 1,
+        "Positions (int64, ascending) where tokens == token: numpy.flatnonzero(tokens == token).");
+  m.def("count_token", &count_token, "tokens"_a.noconvert(), "token"_a, "num_threads"_a = 1,
+        "Number of positions where tokens == token.");
+}
+
+}  // namespace
+// ---- end token scan -------------------------------------------------------------------------
+
 PYBIND11_MODULE(_core, m, py::mod_gil_not_used()) {
   m.doc() = "tokenmill's compiled kernels (private: use the tokenmill package API)";
   m.def("shuffle_like_numpy", &shuffle_like_numpy, "values"_a.noconvert(), "seed"_a,
@@ -313,4 +399,5 @@ PYBIND11_MODULE(_core, m, py::mod_gil_not_used()) {
         "margin"_a = -1.0,
         "Exhaustive blending indices (megatron-core's build_exhaustive_blending_indices). path, "
         "window and margin are a test hook: they choose the kernel, never the result.");
+  register_token_scan(m);  // token scan block above
 }

@@ -151,3 +151,11 @@ def exhaustive_blending_indices_reference(sizes: Sequence[int]) -> tuple[list[in
         dataset_sample_index.append(counts[best])
         counts[best] += 1
     return dataset_index, dataset_sample_index
+
+
+# --- token scan ----------------------------------------------------------------------------------
+
+
+def token_positions_reference(tokens: Sequence[int], token: int) -> list[int]:
+    """Positions of ``token`` in ``tokens``, one comparison at a time."""
+    return [i for i, value in enumerate(tokens) if int(value) == token]
