@@ -171,10 +171,9 @@ def document_lengths(
             ends = np.append(ends, count)
         return np.diff(np.concatenate([[0], ends])).astype(np.int64), "eos"
     if bos_token is not None or shard.bos_positions is not None:
+        positions: npt.NDArray[Any] | None = shard.bos_positions
         if bos_token is not None:
             positions = find_token_positions(shard.tokens, bos_token)
-        else:
-            positions = shard.bos_positions
         starts = np.asarray(positions, dtype=np.int64)
         if count and (starts.shape[0] == 0 or starts[0] != 0):
             starts = np.concatenate([[0], starts])
