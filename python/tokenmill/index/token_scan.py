@@ -39,9 +39,9 @@ def _as_tokens(tokens: npt.ArrayLike) -> npt.NDArray[np.integer]:
         raise ValueError(f"tokens must be 1-D, got shape {array.shape}")
     if array.dtype.kind not in "iu":
         raise TypeError(f"tokens must have an integer dtype, got {array.dtype}")
-    if not array.dtype.isnative:
-        array = array.astype(array.dtype.newbyteorder("="))
-    return np.ascontiguousarray(array)
+    # the builtin native dtype object: the kernel dispatches on dtype identity
+    native = np.dtype(f"{array.dtype.kind}{array.dtype.itemsize}")
+    return np.ascontiguousarray(array, dtype=native)
 
 
 def find_token_positions(
