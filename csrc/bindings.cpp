@@ -4,6 +4,10 @@
 #include <pybind11/pybind11.h>
 
 #include <cstdint>
+#include <optional>
+#include <type_traits>
+#include <utility>
+#include <vector>
 #include <span>
 #include <string>
 
@@ -11,6 +15,7 @@
 #include "packing.hpp"
 #include "sample_index.hpp"
 #include "shuffle.hpp"
+#include "token_scan.hpp"
 
 namespace py = pybind11;
 using namespace pybind11::literals;
@@ -338,6 +343,87 @@ py::tuple plan_packing(const py::array& lengths_array, int64_t row_length, int64
 
 }  // namespace
 
+// ---- token scan (find_token_positions / count_token) ---------------------------------------
+namespace {
+
+// The token id as T, or nothing when T cannot hold it (then no element can equal it, which is
+// what numpy's `tokens == token` gives for an out-of-range Python int).
+template <typename T>
+std::optional<T> token_as(const py::int_& token) {
+  int overflow = 0;
+  const long long value = PyLong_AsLongLongAndOverflow(token.ptr(), &overflow);
+  if (overflow == 0 && value == -1 && PyErr_Occurred()) throw py::error_already_set();
+  if (overflow < 0) return std::nullopt;
+  if (overflow > 0) {
+    const unsigned long long big = PyLong_AsUnsignedLongLong(token.ptr());
+    if (PyErr_Occurred()) {
+      PyErr_Clear();
+      return std::nullopt;
+    }
+    if (!std::in_range<T>(big)) return std::nullopt;
+    return static_cast<T>(big);
+  }
+  if (!std::in_range<T>(value)) return std::nullopt;
+  return static_cast<T>(value);
+}
+
+py::array_t<int64_t> positions_array(std::vector<int64_t>&& positions) {
+  // Hand the vector to numpy without a copy; the capsule frees it with the array.
+  auto* owned = new std::vector<int64_t>(std::move(positions));
+  py::capsule owner(owned, [](void* p) { delete static_cast<std::vector<int64_t>*>(p); });
+  return py::array_t<int64_t>({static_cast<py::ssize_t>(owned->size())}, owned->data(), owner);
+}
+
+template <typename Visit>
+auto dispatch_tokens(const py::array& tokens, Visit visit) {
+  if (tokens.ndim() != 1) fail_value("tokens must be 1-D, got ndim " + std::to_string(tokens.ndim()));
+  if (has_dtype<uint16_t>(tokens)) return visit(input_span<uint16_t>(tokens, "tokens"));
+  if (has_dtype<uint32_t>(tokens)) return visit(input_span<uint32_t>(tokens, "tokens"));
+  if (has_dtype<int32_t>(tokens)) return visit(input_span<int32_t>(tokens, "tokens"));
+  if (has_dtype<int64_t>(tokens)) return visit(input_span<int64_t>(tokens, "tokens"));
+  if (has_dtype<uint8_t>(tokens)) return visit(input_span<uint8_t>(tokens, "tokens"));
+  if (has_dtype<int8_t>(tokens)) return visit(input_span<int8_t>(tokens, "tokens"));
+  if (has_dtype<int16_t>(tokens)) return visit(input_span<int16_t>(tokens, "tokens"));
+  if (has_dtype<uint64_t>(tokens)) return visit(input_span<uint64_t>(tokens, "tokens"));
+  throw py::type_error("tokens must have an integer dtype (u)int8/16/32/64, got " +
+                       dtype_name(tokens));
+}
+
+py::array_t<int64_t> find_token_positions(const py::array& tokens, const py::int_& token,
+                                          int num_threads) {
+  return dispatch_tokens(tokens, [&](auto span) {
+    using T = std::remove_const_t<typename decltype(span)::element_type>;
+    const auto value = token_as<T>(token);
+    std::vector<int64_t> positions;
+    if (value) {
+      py::gil_scoped_release release;  // read-only scan of a buffer the caller keeps alive
+      positions = tokenmill::find_token_positions(span, *value, num_threads);
+    }
+    return positions_array(std::move(positions));
+  });
+}
+
+int64_t count_token(const py::array& tokens, const py::int_& token, int num_threads) {
+  return dispatch_tokens(tokens, [&](auto span) -> int64_t {
+    using T = std::remove_const_t<typename decltype(span)::element_type>;
+    const auto value = token_as<T>(token);
+    if (!value) return 0;
+    py::gil_scoped_release release;  // read-only scan of a buffer the caller keeps alive
+    return tokenmill::count_token(span, *value, num_threads);
+  });
+}
+
+void register_token_scan(py::module_& m) {
+  m.def("find_token_positions", &find_token_positions, "tokens"_a.noconvert(), "token"_a,
+        "num_threads"_a = 1,
+        "Positions (int64, ascending) where tokens == token: numpy.flatnonzero(tokens == token).");
+  m.def("count_token", &count_token, "tokens"_a.noconvert(), "token"_a, "num_threads"_a = 1,
+        "Number of positions where tokens == token.");
+}
+
+}  // namespace
+// ---- end token scan -------------------------------------------------------------------------
+
 PYBIND11_MODULE(_core, m, py::mod_gil_not_used()) {
   m.doc() = "tokenmill's compiled kernels (private: use the tokenmill package API)";
   m.def("shuffle_like_numpy", &shuffle_like_numpy, "values"_a.noconvert(), "seed"_a,
@@ -369,4 +455,5 @@ PYBIND11_MODULE(_core, m, py::mod_gil_not_used()) {
         "max_pieces_per_row"_a, "window"_a, "max_open_rows"_a, "segment"_a, "bos_aligned"_a,
         "num_threads"_a = 1,
         "Packing plan: (entries [E, 5] int64, row_offsets [R + 1] int64, padding, inserted_bos).");
+  register_token_scan(m);  // token scan block above
 }

@@ -265,3 +265,11 @@ def bos_aligned_reference(
             room = 0
         rows.append(row)
     return rows
+
+
+# --- token scan ----------------------------------------------------------------------------------
+
+
+def token_positions_reference(tokens: Sequence[int], token: int) -> list[int]:
+    """Positions of ``token`` in ``tokens``, one comparison at a time."""
+    return [i for i, value in enumerate(tokens) if int(value) == token]

@@ -32,6 +32,16 @@ _EXPORTS: dict[str, str] = {
     "PackedDataset": "tokenmill.datasets.packed",
     "PackingConfig": "tokenmill.datasets.packed",
     "document_block_mask": "tokenmill.datasets.packed",
+    "NanogptDataset": "tokenmill.datasets.nanogpt",
+    "MemoryMappedDataset": "tokenmill.datasets.memory_mapped",
+    "NanogptShard": "tokenmill.formats.nanogpt",
+    "NanogptShardWriter": "tokenmill.formats.nanogpt",
+    "write_nanogpt_shard": "tokenmill.formats.nanogpt",
+    "read_bos_index": "tokenmill.formats.bos_index",
+    "write_bos_index": "tokenmill.formats.bos_index",
+    "open_token_file": "tokenmill.formats.token_dir",
+    "find_token_positions": "tokenmill.index.token_scan",
+    "World": "tokenmill.loading.world",
     "TokenmillError": "tokenmill.errors",
     "DataFormatError": "tokenmill.errors",
     "CacheError": "tokenmill.errors",
@@ -56,6 +66,16 @@ __all__ = [  # noqa: RUF022 - grouped like _EXPORTS
     "PackedDataset",
     "PackingConfig",
     "document_block_mask",
+    "NanogptDataset",
+    "MemoryMappedDataset",
+    "NanogptShard",
+    "NanogptShardWriter",
+    "write_nanogpt_shard",
+    "read_bos_index",
+    "write_bos_index",
+    "open_token_file",
+    "find_token_positions",
+    "World",
     "TokenmillError",
     "DataFormatError",
     "CacheError",
@@ -66,6 +86,8 @@ if TYPE_CHECKING:
     from tokenmill.datasets.builder import BlendedMegatronDatasetBuilder
     from tokenmill.datasets.config import BlendedMegatronDatasetConfig
     from tokenmill.datasets.gpt import GPTDataset, GPTDatasetConfig, MockGPTDataset
+    from tokenmill.datasets.memory_mapped import MemoryMappedDataset
+    from tokenmill.datasets.nanogpt import NanogptDataset
     from tokenmill.datasets.packed import PackedDataset, PackingConfig, document_block_mask
     from tokenmill.datasets.utils import (
         Split,
@@ -75,7 +97,12 @@ if TYPE_CHECKING:
         parse_and_normalize_split,
     )
     from tokenmill.errors import CacheError, DataFormatError, TokenmillError
+    from tokenmill.formats.bos_index import read_bos_index, write_bos_index
     from tokenmill.formats.megatron import DType, IndexedDataset, IndexedDatasetBuilder
+    from tokenmill.formats.nanogpt import NanogptShard, NanogptShardWriter, write_nanogpt_shard
+    from tokenmill.formats.token_dir import open_token_file
+    from tokenmill.index.token_scan import find_token_positions
+    from tokenmill.loading.world import World
 
 
 def __getattr__(name: str) -> Any:

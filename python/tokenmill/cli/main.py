@@ -17,9 +17,9 @@ Registrar = Callable[["argparse._SubParsersAction[argparse.ArgumentParser]"], No
 
 
 def _subcommand_registrars() -> list[Registrar]:
-    from tokenmill.cli import demo
+    from tokenmill.cli import convert, demo, inspect_cmd
 
-    return [demo.register]
+    return [demo.register, convert.register, inspect_cmd.register]
 
 
 def build_parser() -> argparse.ArgumentParser:

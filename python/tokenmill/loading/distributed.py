@@ -14,7 +14,14 @@ import os
 import sys
 from typing import Any
 
-__all__ = ["barrier", "get_rank", "is_cache_builder", "is_initialized", "local_rank"]
+__all__ = [
+    "barrier",
+    "get_rank",
+    "get_world_size",
+    "is_cache_builder",
+    "is_initialized",
+    "local_rank",
+]
 
 
 def _dist() -> Any | None:
@@ -36,6 +43,12 @@ def get_rank() -> int:
     """Global rank, 0 without a process group."""
     dist = _dist()
     return 0 if dist is None else int(dist.get_rank())
+
+
+def get_world_size() -> int:
+    """Number of ranks, 1 without a process group."""
+    dist = _dist()
+    return 1 if dist is None else int(dist.get_world_size())
 
 
 def barrier() -> None:

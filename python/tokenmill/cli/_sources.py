@@ -1,0 +1,181 @@
+"""Token sources for ``convert`` and ``inspect``: any supported layout as a list of shards.
+
+A shard is a read-only token array (memory-mapped) plus, when the format knows them, its document
+lengths or BOS positions. Detection is by content, never by a size guess:
+
+* ``PREFIX`` with ``PREFIX.idx`` beside it (or ``PREFIX.bin`` / ``PREFIX.idx`` given): Megatron;
+* a file with a modded-nanogpt header: nanogpt (its ``.bos.idx`` is used when present);
+* a ``.npy`` file: npy; any other file: raw tokens (dtype from ``--dtype`` or ``tokenmill.json``);
+* a directory: its ``*.bin`` files (nanogpt or raw, not mixed) or else its ``*.npy`` files.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from tokenmill.errors import DataFormatError
+
+__all__ = ["Shard", "Source", "document_lengths", "open_source"]
+
+
+@dataclass
+class Shard:
+    """One token array of a source."""
+
+    name: str
+    path: str
+    tokens: npt.NDArray[Any]
+    document_lengths: npt.NDArray[np.int64] | None = None  # Megatron: from the index
+    bos_positions: npt.NDArray[Any] | None = None  # nanogpt: from the .bos.idx
+    bos_index_path: str | None = None
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Source:
+    """A detected source: its format and shards."""
+
+    path: str
+    format: str
+    shards: list[Shard]
+
+    @property
+    def dtype(self) -> np.dtype[Any]:
+        return self.shards[0].tokens.dtype if self.shards else np.dtype(np.uint16)
+
+    @property
+    def token_count(self) -> int:
+        return sum(int(shard.tokens.shape[0]) for shard in self.shards)
+
+
+def _megatron(prefix: str) -> Source:
+    from tokenmill.formats.megatron import DType, IndexedDataset
+
+    dataset = IndexedDataset(prefix)
+    tokens: npt.NDArray[Any]
+    if os.path.getsize(prefix + ".bin"):
+        tokens = np.memmap(prefix + ".bin", dtype=dataset.dtype, mode="r")
+    else:
+        tokens = np.empty(0, dtype=dataset.dtype)
+    lengths = dataset.sequence_lengths.astype(np.int64)
+    bounds = np.asarray(dataset.document_indices, dtype=np.int64)
+    cumulative = np.zeros(lengths.shape[0] + 1, dtype=np.int64)
+    np.cumsum(lengths, out=cumulative[1:])
+    document_lengths = np.diff(cumulative[bounds])
+    info = {
+        "version": 1,
+        "dtype_code": DType.code_from_dtype(dataset.dtype),
+        "sequences": len(dataset),
+    }
+    shard = Shard(os.path.basename(prefix), prefix, tokens, document_lengths, info=info)
+    return Source(prefix, "megatron", [shard])
+
+
+def _nanogpt(path: str) -> Shard:
+    from tokenmill.formats.bos_index import bos_index_path, read_bos_index
+    from tokenmill.formats.nanogpt import NanogptShard
+
+    shard = NanogptShard(path)
+    sidecar = bos_index_path(path)
+    positions = None
+    info: dict[str, Any] = {
+        "version": shard.header.version,
+        "magic": shard.header.magic,
+        "legacy": shard.header.legacy,
+    }
+    if os.path.exists(sidecar):
+        index = read_bos_index(sidecar, len(shard))
+        positions = index.positions
+        info["bos_index"] = {"path": sidecar, "layout": "int64" if index.wide else "int32"}
+        if index.bos_token is not None:
+            info["bos_index"]["bos_token"] = index.bos_token
+    stem = Path(path).stem
+    return Shard(
+        stem, path, shard.tokens, None, positions, sidecar if positions is not None else None, info
+    )
+
+
+def _array(path: str, dtype: npt.DTypeLike | None) -> Shard:
+    from tokenmill.formats.bos_index import bos_index_path, read_bos_index
+    from tokenmill.formats.token_dir import open_token_file
+
+    tokens = open_token_file(path, dtype)
+    shard = Shard(Path(path).stem, path, tokens)
+    sidecar = bos_index_path(path)
+    if os.path.exists(sidecar):  # written by `tokenmill convert --to npy` from a nanogpt source
+        shard.bos_positions = read_bos_index(sidecar, int(tokens.shape[0])).positions
+        shard.bos_index_path = sidecar
+    return shard
+
+
+def open_source(path: str, dtype: npt.DTypeLike | None = None) -> Source:
+    """Detect the format of ``path`` and open it.
+
+    Raises:
+        FileNotFoundError: nothing at ``path``.
+        DataFormatError: a file is not valid for its format.
+    """
+    from tokenmill.formats.nanogpt import is_nanogpt_shard
+
+    for suffix in (".idx", ".bin"):
+        if path.endswith(suffix) and os.path.exists(path[: -len(suffix)] + ".idx"):
+            return _megatron(path[: -len(suffix)])
+    if os.path.exists(path + ".idx"):
+        return _megatron(path)
+    if os.path.isdir(path):
+        bins = sorted(str(p) for p in Path(path).glob("*.bin") if p.is_file())
+        if bins:
+            kinds = {is_nanogpt_shard(p) for p in bins}
+            if len(kinds) > 1:
+                raise DataFormatError(f"{path}: mixes nanogpt shards and raw .bin files")
+            if kinds == {True}:
+                return Source(path, "nanogpt", [_nanogpt(p) for p in bins])
+            return Source(path, "raw", [_array(p, dtype) for p in bins])
+        npys = sorted(str(p) for p in Path(path).glob("*.npy") if p.is_file())
+        if npys:
+            return Source(path, "npy", [_array(p, dtype) for p in npys])
+        raise FileNotFoundError(f"{path}: no .bin, .npy or Megatron .idx files")
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"{path}: no such file, directory or Megatron prefix")
+    if is_nanogpt_shard(path):
+        return Source(path, "nanogpt", [_nanogpt(path)])
+    if path.endswith(".npy"):
+        return Source(path, "npy", [_array(path, dtype)])
+    return Source(path, "raw", [_array(path, dtype)])
+
+
+def document_lengths(
+    shard: Shard, bos_token: int | None, eos_token: int | None
+) -> tuple[npt.NDArray[np.int64] | None, str | None]:
+    """The document lengths of a shard and where they come from.
+
+    Megatron's index wins; then an explicit ``bos_token`` (a document starts at each BOS, tokens
+    before the first BOS form a document of their own), then an explicit ``eos_token`` (a
+    document ends after each EOS, a tail without one is a document), then the shard's
+    ``.bos.idx``.
+    """
+    from tokenmill.index.token_scan import find_token_positions
+
+    count = int(shard.tokens.shape[0])
+    if shard.document_lengths is not None:
+        return shard.document_lengths, "index"
+    if eos_token is not None and bos_token is None:
+        ends = find_token_positions(shard.tokens, eos_token) + 1
+        if count and (ends.shape[0] == 0 or ends[-1] != count):
+            ends = np.append(ends, count)
+        return np.diff(np.concatenate([[0], ends])).astype(np.int64), "eos"
+    if bos_token is not None or shard.bos_positions is not None:
+        positions: npt.NDArray[Any] | None = shard.bos_positions
+        if bos_token is not None:
+            positions = find_token_positions(shard.tokens, bos_token)
+        starts = np.asarray(positions, dtype=np.int64)
+        if count and (starts.shape[0] == 0 or starts[0] != 0):
+            starts = np.concatenate([[0], starts])
+        return np.diff(np.append(starts, count)).astype(np.int64), "bos"
+    return None, None

@@ -1,0 +1,182 @@
+"""``tokenmill convert SRC DST --to megatron|nanogpt|npy``: lossless conversion between layouts.
+
+Tokens are copied exactly (a token that does not fit the target dtype is an error, never a
+wrap-around) in chunks of ``--chunk-tokens``, so memory stays constant whatever the size.
+Documents survive when the source knows them: Megatron's index, a shard's ``.bos.idx`` or a
+``--bos-token`` / ``--eos-token`` split (see ``tokenmill inspect``); otherwise every source shard
+becomes one Megatron document. Every output file is written atomically.
+
+Targets: ``megatron`` writes ``DST.bin`` / ``DST.idx`` (uint32 sources become int32, as Megatron
+has no uint32 code); ``nanogpt`` writes ``DST/<shard>.bin`` (uint16 with modded-nanogpt's magic,
+or uint32 with NeMo's) plus ``.bos.idx`` when BOS positions are known; ``npy`` writes
+``DST/<shard>.npy`` in the source dtype. A nanogpt shard holds at most 2**31 - 1 tokens; larger
+sources are split into ``<shard>_000000.bin``, ``<shard>_000001.bin``, ...
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Any
+
+EPILOG = """\
+examples:
+  tokenmill convert data/corpus_text_document out/nanogpt --to nanogpt --bos-token 50256
+  tokenmill convert out/nanogpt out/corpus --to megatron
+  tokenmill convert data/fineweb_train_000001.bin out/npy --to npy
+"""
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "convert",
+        help="convert token shards between Megatron, modded-nanogpt and .npy layouts",
+        description=__doc__,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("src", help="Megatron prefix, nanogpt .bin, .npy file, or a directory")
+    parser.add_argument("dst", help="Megatron prefix (--to megatron) or an output directory")
+    parser.add_argument("--to", required=True, choices=("megatron", "nanogpt", "npy"))
+    parser.add_argument("--bos-token", type=int, help="BOS id: document starts, .bos.idx")
+    parser.add_argument("--eos-token", type=int, help="EOS id: documents end after it")
+    parser.add_argument("--dtype", help="dtype of raw .bin sources, or of the Megatron output")
+    parser.add_argument("--chunk-tokens", type=int, default=1 << 24, help=argparse.SUPPRESS)
+    parser.add_argument("--quiet", action="store_true", help="no progress line")
+    parser.set_defaults(handler=run)
+
+
+class Progress:
+    """A single stderr line updated in place (no dependency)."""
+
+    def __init__(self, total: int, quiet: bool) -> None:
+        self.total, self.done, self.quiet = total, 0, quiet
+
+    def add(self, count: int) -> None:
+        self.done += count
+        if not self.quiet:
+            percent = 100.0 * self.done / self.total if self.total else 100.0
+            print(
+                f"\rconvert: {self.done:,} / {self.total:,} tokens ({percent:5.1f}%)",
+                end="",
+                file=sys.stderr,
+                flush=True,
+            )
+
+    def close(self) -> None:
+        if not self.quiet:
+            print(file=sys.stderr, flush=True)
+
+
+def run(args: argparse.Namespace) -> int:
+    from tokenmill.cli._sources import open_source
+    from tokenmill.errors import DataFormatError
+
+    try:
+        source = open_source(args.src, args.dtype if args.to != "megatron" else None)
+        progress = Progress(source.token_count, args.quiet)
+        if args.to == "megatron":
+            _to_megatron(source, args, progress)
+        elif args.to == "nanogpt":
+            _to_nanogpt(source, args, progress)
+        else:
+            _to_npy(source, args, progress)
+        progress.close()
+    except (DataFormatError, OverflowError, FileNotFoundError, ValueError, TypeError) as error:
+        print(f"\ntokenmill convert: error: {error}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _chunks(total: int, size: int) -> Any:
+    for start in range(0, total, size):
+        yield start, min(total, start + size)
+
+
+def _to_megatron(source: Any, args: argparse.Namespace, progress: Progress) -> None:
+    import numpy as np
+
+    from tokenmill.cli._sources import document_lengths
+    from tokenmill.formats.megatron import DType, IndexedDatasetBuilder
+
+    dtype = np.dtype(args.dtype) if args.dtype else source.dtype
+    if dtype == np.dtype(np.uint32):
+        dtype = np.dtype(np.int32)  # Megatron has no uint32 code; values are range-checked
+    DType.code_from_dtype(dtype)
+    prefix = args.dst
+    builder = IndexedDatasetBuilder(prefix + ".bin", dtype=dtype)
+    try:
+        for shard in source.shards:
+            lengths, _ = document_lengths(shard, args.bos_token, args.eos_token)
+            count = int(shard.tokens.shape[0])
+            if lengths is None:
+                lengths = np.array([count] if count else [], dtype=np.int64)
+            ends = np.cumsum(lengths)
+            first = 0  # first document not yet written
+            while first < lengths.shape[0]:
+                start = int(ends[first] - lengths[first])
+                # documents up to chunk_tokens (at least one)
+                last = max(
+                    first + 1, int(np.searchsorted(ends, start + args.chunk_tokens, "right"))
+                )
+                end = int(ends[last - 1])
+                builder.add_documents(shard.tokens[start:end], lengths[first:last])
+                progress.add(end - start)
+                first = last
+        builder.finalize(prefix + ".idx")
+    except BaseException:
+        del builder  # removes its temporary file
+        raise
+
+
+def _to_nanogpt(source: Any, args: argparse.Namespace, progress: Progress) -> None:
+    import numpy as np
+
+    from tokenmill.formats.bos_index import bos_index_path, write_bos_index
+    from tokenmill.formats.nanogpt import MAX_TOKENS, NanogptShardWriter
+
+    os.makedirs(args.dst, exist_ok=True)
+    dtype = np.dtype(np.uint16) if source.dtype.itemsize <= 2 else np.dtype(np.uint32)
+    if source.dtype.itemsize > 4:
+        dtype = np.dtype(np.uint32)  # range-checked by the writer
+    for shard in source.shards:
+        count = int(shard.tokens.shape[0])
+        pieces = list(_chunks(count, MAX_TOKENS)) or [(0, 0)]
+        for number, (low, high) in enumerate(pieces):
+            name = shard.name if len(pieces) == 1 else f"{shard.name}_{number:06d}"
+            path = os.path.join(args.dst, name + ".bin")
+            writer = NanogptShardWriter(path, dtype, bos_token=args.bos_token)
+            try:
+                for start, end in _chunks(high - low, args.chunk_tokens):
+                    writer.write(shard.tokens[low + start : low + end])
+                    progress.add(end - start)
+                writer.finalize()
+            except BaseException:
+                writer.abort()
+                raise
+            if args.bos_token is None and shard.bos_positions is not None:
+                positions = np.asarray(shard.bos_positions, dtype=np.int64)
+                inside = positions[(positions >= low) & (positions < high)] - low
+                write_bos_index(bos_index_path(path), inside, token_count=high - low)
+
+
+def _to_npy(source: Any, args: argparse.Namespace, progress: Progress) -> None:
+    from tokenmill.formats.bos_index import bos_index_path, write_bos_index
+    from tokenmill.formats.token_dir import NpyShardWriter
+
+    os.makedirs(args.dst, exist_ok=True)
+    for shard in source.shards:
+        count = int(shard.tokens.shape[0])
+        path = os.path.join(args.dst, shard.name + ".npy")
+        writer = NpyShardWriter(path, shard.tokens.dtype.newbyteorder("="), count)
+        try:
+            for start, end in _chunks(count, args.chunk_tokens):
+                writer.write(shard.tokens[start:end])
+                progress.add(end - start)
+            writer.finalize()
+        except BaseException:
+            writer.abort()
+            raise
+        if shard.bos_positions is not None:  # keep the BOS index beside the .npy
+            write_bos_index(bos_index_path(path), shard.bos_positions, token_count=count)

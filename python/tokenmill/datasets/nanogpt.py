@@ -1,0 +1,352 @@
+"""NanogptDataset: NeMo Automodel's iterable dataset over modded-nanogpt shards, made exact.
+
+Sample semantics are NeMo's: a *part* of a shard (a token range) is cut into non-overlapping
+windows of ``seq_len + 1`` tokens, starting at the part's first token and advancing by
+``seq_len + 1``; a window never crosses the end of its part, and the remainder is dropped. Each
+window gives ``input_ids = window[:-1]`` and ``labels = window[1:]``. With ``align_to_bos`` every
+window starts at the next BOS token at or after the current position (from the shard's
+``.bos.idx`` by binary search, or from a C++ scan of the shard when there is none).
+
+Who reads what (the *plan*, a pure function of the files, ``seed``, epoch and the number of
+readers; see :class:`~tokenmill.loading.world.World`). With T readers (ranks x DataLoader
+workers) and n files in epoch order (sorted, or a permutation drawn from ``seed`` and the epoch,
+identical on every rank):
+
+* n >= T: reader g takes files ``g, g + T, g + 2T, ...`` whole (NeMo's rule);
+* n < T: reader g takes part ``g // n`` of file ``g % n``, each file being split by token range
+  into as many equal parts as readers share it (the last part takes the remainder). With one
+  file this is exactly NeMo's single-file split; NeMo instead gives every reader *all* files when
+  1 < n < T, so each window is read T times per epoch. Here every window is read once.
+
+Differences from NeMo, on purpose: samples are int64 tensors (NeMo: Python lists); the file
+shuffle is seeded and the same on every rank (NeMo: per-worker, seeded by worker id or pid);
+files are never duplicated (above); an epoch ends (``infinite=True`` loops over epochs, each with
+its own shuffle); a ``.bos.idx`` is checked (sorted, in range, pointing at BOS tokens) instead of
+being trusted; and ``state_dict()`` / ``load_state_dict()`` resume exactly mid-epoch.
+
+Resume state is the number of windows each reader has produced in the current epoch. Iterating in
+the main process (``num_workers=0``), ``state_dict()`` knows it. Behind a DataLoader with workers
+the main process's copy does not iterate, so ask :meth:`NanogptDataset.loader_state_dict` with the
+number of samples the trainer has taken: DataLoader hands out batches round-robin over its
+workers (a worker that runs out drops out of the turn), which the method replays.
+
+Cost: construction reads each shard's 1 KiB header. A reader maps its shards lazily; with
+``align_to_bos`` it loads (and checks, O(BOS count)) the ``.bos.idx`` or scans the shard once
+(about 1 ns per token). A window costs one slice and two small copies.
+"""
+
+from __future__ import annotations
+
+import glob
+import operator
+import os
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+from torch.utils.data import IterableDataset
+
+from tokenmill.formats.bos_index import bos_index_path, check_bos_positions, read_bos_index
+from tokenmill.formats.nanogpt import NanogptShard, read_nanogpt_header
+from tokenmill.loading.world import World
+
+__all__ = ["NanogptDataset"]
+
+_STATE_FORMAT = "tokenmill.NanogptDataset"
+_STATE_VERSION = 1
+
+
+@dataclass(frozen=True)
+class _Part:
+    """A token range ``[start, end)`` of file ``file``."""
+
+    file: int
+    start: int
+    end: int
+
+
+class NanogptDataset(IterableDataset):  # type: ignore[misc]
+    """Windows of ``seq_len + 1`` tokens from modded-nanogpt shards, split over ranks x workers.
+
+    Args:
+        file_pattern: a glob pattern (sorted matches) or an explicit list of ``.bin`` shards.
+        seq_len: tokens per sample (a window is ``seq_len + 1`` tokens).
+        bos_token: the BOS token id; required by ``align_to_bos``.
+        shuffle_files: permute the files every epoch (seeded by ``seed`` and the epoch).
+        align_to_bos: start every window at a BOS token.
+        seed: the file-shuffle seed.
+        infinite: loop over epochs instead of ending after one.
+        world: override the rank/worker detection (see :meth:`World.current`).
+        scan_threads: threads of the BOS scan used when a shard has no ``.bos.idx``.
+
+    Raises:
+        FileNotFoundError: no file matches.
+        ValueError: ``seq_len < 1``, or ``align_to_bos`` without ``bos_token``.
+        DataFormatError: a shard's header is bad (raised here, naming the file).
+    """
+
+    def __init__(
+        self,
+        file_pattern: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+        seq_len: int,
+        *,
+        bos_token: int | None = None,
+        shuffle_files: bool = False,
+        align_to_bos: bool = False,
+        seed: int = 0,
+        infinite: bool = False,
+        world: World | None = None,
+        scan_threads: int | None = None,
+    ) -> None:
+        super().__init__()
+        if isinstance(file_pattern, (str, os.PathLike)):
+            self.files = sorted(glob.glob(os.fspath(file_pattern)))
+        else:
+            self.files = [os.fspath(path) for path in file_pattern]
+        if not self.files:
+            raise FileNotFoundError(f"no files matched {file_pattern!r}")
+        self.seq_len = operator.index(seq_len)
+        if self.seq_len < 1:
+            raise ValueError(f"seq_len must be >= 1, got {self.seq_len}")
+        if align_to_bos and bos_token is None:
+            raise ValueError("bos_token must be given when align_to_bos is True")
+        self.bos_token = None if bos_token is None else operator.index(bos_token)
+        self.shuffle_files = bool(shuffle_files)
+        self.align_to_bos = bool(align_to_bos)
+        self.seed = operator.index(seed)
+        self.infinite = bool(infinite)
+        self.world = world
+        self.scan_threads = scan_threads
+        self.token_counts = [read_nanogpt_header(path).token_count for path in self.files]
+        self.epoch = 0
+        self._consumed: dict[int, int] = {}  # global worker id -> windows produced this epoch
+        self._resume: dict[int, int] = {}  # windows to skip at the start of the next iteration
+        self._shards: dict[int, NanogptShard] = {}
+        self._bos: dict[int, npt.NDArray[Any]] = {}
+
+    # --- the plan ------------------------------------------------------------------------------
+
+    def file_order(self, epoch: int) -> list[int]:
+        """File indices in the order of ``epoch`` (a seeded permutation with ``shuffle_files``)."""
+        if not self.shuffle_files:
+            return list(range(len(self.files)))
+        generator = np.random.default_rng([self.seed, epoch])
+        return [int(i) for i in generator.permutation(len(self.files))]
+
+    def parts(self, epoch: int, global_worker_id: int, total_workers: int) -> list[_Part]:
+        """The token ranges reader ``global_worker_id`` of ``total_workers`` reads in ``epoch``."""
+        order = self.file_order(epoch)
+        n = len(order)
+        if n >= total_workers:
+            return [
+                _Part(f, 0, self.token_counts[f]) for f in order[global_worker_id::total_workers]
+            ]
+        file = order[global_worker_id % n]
+        sharing = len(range(global_worker_id % n, total_workers, n))
+        part = global_worker_id // n
+        tokens = self.token_counts[file]
+        size = tokens // sharing
+        start = part * size
+        end = tokens if part == sharing - 1 else start + size
+        return [_Part(file, start, end)]
+
+    def _shard(self, file: int) -> NanogptShard:
+        shard = self._shards.get(file)
+        if shard is None:
+            shard = self._shards[file] = NanogptShard(self.files[file])
+        return shard
+
+    def _bos_positions(self, file: int) -> npt.NDArray[Any]:
+        positions = self._bos.get(file)
+        if positions is None:
+            assert self.bos_token is not None  # checked in __init__
+            shard = self._shard(file)
+            sidecar = bos_index_path(self.files[file])
+            if os.path.exists(sidecar):
+                positions = read_bos_index(sidecar, len(shard)).positions
+                check_bos_positions(sidecar, shard.tokens, positions, self.bos_token)
+            else:
+                from tokenmill.index.token_scan import find_token_positions
+
+                positions = find_token_positions(shard.tokens, self.bos_token, self.scan_threads)
+            self._bos[file] = positions
+        return positions
+
+    def _window_starts(self, part: _Part) -> npt.NDArray[np.int64]:
+        step = self.seq_len + 1
+        if not self.align_to_bos:
+            count = max(part.end - part.start, 0) // step
+            return part.start + step * np.arange(count, dtype=np.int64)
+        positions = self._bos_positions(part.file)
+        low = int(np.searchsorted(positions, part.start, side="left"))
+        high = int(np.searchsorted(positions, part.end - step, side="right"))
+        candidates = positions[low:high]  # BOS positions whose window fits in the part
+        starts: list[int] = []
+        i, count = 0, candidates.shape[0]
+        while i < count:
+            start = int(candidates[i])
+            starts.append(start)
+            i = int(np.searchsorted(candidates, start + step, side="left"))
+        return np.asarray(starts, dtype=np.int64)
+
+    def windows_per_reader(self, total_workers: int, epoch: int | None = None) -> list[int]:
+        """How many windows each reader produces in an epoch (by global worker id)."""
+        epoch = self.epoch if epoch is None else epoch
+        return [
+            sum(self._window_starts(part).shape[0] for part in self.parts(epoch, g, total_workers))
+            for g in range(total_workers)
+        ]
+
+    # --- iteration -----------------------------------------------------------------------------
+
+    def set_epoch(self, epoch: int) -> None:
+        """Choose the epoch the next iteration reads; a new epoch forgets the resume position."""
+        epoch = operator.index(epoch)
+        if epoch != self.epoch:
+            self._consumed.clear()
+            self._resume.clear()
+        self.epoch = epoch
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        import torch
+
+        world = World.current(self.world)
+        reader, total = world.global_worker_id, world.total_workers
+        skip = self._resume.pop(reader, 0)
+        epoch = self.epoch
+        while True:
+            self._consumed[reader] = skip
+            for part in self.parts(epoch, reader, total):
+                starts = self._window_starts(part)
+                if skip >= starts.shape[0]:
+                    skip -= starts.shape[0]
+                    continue
+                tokens = self._shard(part.file).tokens
+                for start in starts[skip:].tolist():
+                    window = torch.from_numpy(
+                        tokens[start : start + self.seq_len + 1].astype(np.int64)
+                    )
+                    self._consumed[reader] += 1
+                    yield {"input_ids": window[:-1], "labels": window[1:]}
+                skip = 0
+            if not self.infinite:
+                return
+            epoch += 1
+            self.epoch = epoch
+            self._consumed.clear()
+            skip = 0
+
+    # --- resume --------------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """The position of the readers that iterated in this process (exact mid-epoch)."""
+        consumed = dict(self._resume)
+        consumed.update(self._consumed)
+        return self._state(consumed, None)
+
+    def _state(self, consumed: dict[int, int], total_workers: int | None) -> dict[str, Any]:
+        return {
+            "format": _STATE_FORMAT,
+            "version": _STATE_VERSION,
+            "epoch": self.epoch,
+            "seed": self.seed,
+            "files": len(self.files),
+            "total_workers": total_workers,
+            "consumed": {str(reader): count for reader, count in sorted(consumed.items())},
+        }
+
+    def loader_state_dict(
+        self,
+        samples_consumed: int,
+        *,
+        batch_size: int | None,
+        num_workers: int,
+        drop_last: bool = False,
+    ) -> dict[str, Any]:
+        """The resume position of this rank after the trainer took ``samples_consumed`` samples
+        from a DataLoader over this dataset (iterated since its last ``iter()``).
+
+        Args:
+            samples_consumed: samples taken from the loader (batches x batch size, counting a
+                short final batch of a worker as its length).
+            batch_size: the loader's batch size (None: one sample per item).
+            num_workers: the loader's ``num_workers`` (0 = main process).
+            drop_last: the loader's ``drop_last``.
+
+        Returns:
+            A state for :meth:`load_state_dict`.
+
+        Raises:
+            ValueError: more samples than this rank's workers produce in the epoch.
+        """
+        base = World.current(self.world)
+        workers = max(num_workers, 1)
+        world = World(base.rank, base.world_size, 0, workers)
+        per_reader = self.windows_per_reader(world.total_workers)
+        readers = list(world.rank_workers())
+        batch = 1 if batch_size is None else batch_size
+        taken = {reader: self._resume.get(reader, 0) for reader in readers}
+        remaining = {reader: per_reader[reader] - taken[reader] for reader in readers}
+        if drop_last:
+            remaining = {r: n - n % batch for r, n in remaining.items()}
+        left = operator.index(samples_consumed)
+        active = [r for r in readers if remaining[r] > 0]
+        while left > 0 and active:
+            still = []
+            for reader in active:
+                if left <= 0:
+                    still.append(reader)
+                    continue
+                size = min(batch, remaining[reader], left)
+                taken[reader] += size
+                remaining[reader] -= size
+                left -= size
+                if remaining[reader] > 0:
+                    still.append(reader)
+            active = still
+        if left > 0:
+            raise ValueError(
+                f"samples_consumed={samples_consumed} exceeds the samples this rank's "
+                f"{workers} worker(s) produce in epoch {self.epoch}"
+            )
+        return self._state(taken, world.total_workers)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from a state: the next iteration skips the windows already produced.
+
+        Raises:
+            ValueError: the state is not a NanogptDataset state, or was taken with another seed
+                or file list.
+        """
+        if state.get("format") != _STATE_FORMAT or state.get("version") != _STATE_VERSION:
+            raise ValueError(f"not a NanogptDataset state (version {_STATE_VERSION}): {state!r}")
+        if state["seed"] != self.seed or state["files"] != len(self.files):
+            raise ValueError(
+                f"state was taken with seed {state['seed']} over {state['files']} files; this "
+                f"dataset has seed {self.seed} and {len(self.files)} files"
+            )
+        self.epoch = int(state["epoch"])
+        self._consumed.clear()
+        self._resume = {int(reader): int(count) for reader, count in state["consumed"].items()}
+
+    @staticmethod
+    def merge_states(states: Sequence[dict[str, Any]]) -> dict[str, Any]:
+        """One state from the states of several readers (e.g. every rank's)."""
+        if not states:
+            raise ValueError("no states to merge")
+        merged = dict(states[0])
+        consumed: dict[str, int] = {}
+        for state in states:
+            if state["epoch"] != merged["epoch"] or state["seed"] != merged["seed"]:
+                raise ValueError("states from different epochs or seeds cannot be merged")
+            consumed.update(state["consumed"])
+        merged["consumed"] = consumed
+        return merged
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_shards"] = {}
+        state["_bos"] = {}
+        return state

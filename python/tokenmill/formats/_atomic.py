@@ -1,0 +1,66 @@
+"""Atomic file writing shared by the format writers: a hidden temporary file beside the target,
+renamed into place on success and removed on failure, so a reader never sees a partial file."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import tempfile
+from typing import BinaryIO
+
+__all__ = ["AtomicFile", "default_file_mode"]
+
+
+def default_file_mode() -> int:
+    """0o666 minus the process umask (what ``open(..., "w")`` would give)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
+class AtomicFile:
+    """A binary file written under a temporary name and renamed to ``path`` by :meth:`commit`.
+
+    Args:
+        path: the final path.
+
+    Raises:
+        FileNotFoundError: the directory of ``path`` does not exist.
+    """
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = os.fspath(path)
+        directory, name = os.path.split(os.path.abspath(self.path))
+        if not os.path.isdir(directory):
+            raise FileNotFoundError(
+                errno.ENOENT, f"directory of {self.path} does not exist: {directory}"
+            )
+        descriptor, self.temporary_path = tempfile.mkstemp(
+            prefix=f".{name}.", suffix=".tmp", dir=directory
+        )
+        os.fchmod(descriptor, default_file_mode())
+        self.stream: BinaryIO = os.fdopen(descriptor, "w+b")
+        self._done = False
+
+    def commit(self) -> None:
+        """Flush, close and rename the temporary file to its final name."""
+        if self._done:
+            return
+        self.stream.flush()
+        self.stream.close()
+        os.replace(self.temporary_path, self.path)
+        self._done = True
+
+    def abort(self) -> None:
+        """Close and remove the temporary file (the final path is left untouched)."""
+        if self._done:
+            return
+        self._done = True
+        self.stream.close()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.temporary_path)
+
+    def __del__(self) -> None:
+        if not getattr(self, "_done", True):
+            self.abort()

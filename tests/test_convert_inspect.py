@@ -1,0 +1,117 @@
+"""`tokenmill convert` round trips (lossless across the three layouts) and `tokenmill inspect`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tokenmill.cli.main import main
+from tokenmill.formats.megatron import IndexedDataset
+
+from conftest import random_documents, write_megatron_shard
+
+
+def tokens_of(prefix: str) -> list[list[int]]:
+    dataset = IndexedDataset(prefix)
+    return [dataset[i].tolist() for i in range(len(dataset))]
+
+
+@pytest.mark.parametrize("dtype", [np.uint16, np.int32])
+def test_round_trips_are_lossless(tmp_path: Path, dtype: type) -> None:
+    documents = random_documents(np.random.default_rng(1), 60, vocab_size=70000 if dtype == np.int32 else 1000)  # fmt: skip
+    source = write_megatron_shard(tmp_path / "m", documents, dtype)
+    run = lambda *args: main(["convert", *map(str, args), "--quiet", "--chunk-tokens", "500"])  # noqa: E731
+    assert run(source, tmp_path / "ng", "--to", "nanogpt") == 0
+    assert run(tmp_path / "ng", tmp_path / "np", "--to", "npy") == 0
+    assert run(tmp_path / "np", tmp_path / "ng2", "--to", "nanogpt") == 0
+    assert run(tmp_path / "ng2", tmp_path / "back", "--to", "megatron", "--eos-token", 0) == 0
+    assert tokens_of(str(tmp_path / "back")) == documents
+    for suffix in (".bin", ".idx"):  # byte-identical to the independently written original
+        assert (tmp_path / f"back{suffix}").read_bytes() == Path(source + suffix).read_bytes()
+    assert run(source, tmp_path / "np2", "--to", "npy") == 0
+    assert run(tmp_path / "np2", tmp_path / "back2", "--to", "megatron", "--eos-token", 0) == 0
+    assert tokens_of(str(tmp_path / "back2")) == documents
+
+
+def test_bos_index_survives_and_defines_documents(tmp_path: Path) -> None:
+    rng = np.random.default_rng(2)
+    documents = [[5, *rng.integers(6, 100, int(rng.integers(1, 30))).tolist()] for _ in range(20)]
+    source = write_megatron_shard(tmp_path / "m", documents)
+    assert main(["convert", source, str(tmp_path / "ng"), "--to", "nanogpt", "--bos-token", "5", "--quiet"]) == 0  # fmt: skip
+    positions = np.fromfile(tmp_path / "ng" / "m.bos.idx", dtype="<i4")
+    assert positions.tolist() == np.cumsum([0] + [len(d) for d in documents[:-1]]).tolist()
+    assert main(["convert", str(tmp_path / "ng"), str(tmp_path / "np"), "--to", "npy", "--quiet"]) == 0  # fmt: skip
+    assert main(["convert", str(tmp_path / "np"), str(tmp_path / "back"), "--to", "megatron", "--quiet"]) == 0  # fmt: skip
+    assert tokens_of(str(tmp_path / "back")) == documents  # documents from the .bos.idx
+
+
+def test_convert_refuses_what_does_not_fit(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    np.save(tmp_path / "neg.npy", np.array([1, -2, 3], dtype=np.int64))
+    assert main(["convert", str(tmp_path / "neg.npy"), str(tmp_path / "out"), "--to", "nanogpt", "--quiet"]) == 1  # fmt: skip
+    assert "-2 does not fit uint32" in capsys.readouterr().err
+    assert not list((tmp_path / "out").glob("*.bin"))
+
+
+def inspect_json(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, dict]:
+    code = main(["inspect", *args, "--json"])
+    return code, json.loads(capsys.readouterr().out)
+
+
+def test_inspect_reports(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    documents = [[1, 2, 0], [3, 0], [4, 5, 6, 7, 0]]
+    source = write_megatron_shard(tmp_path / "m", documents)
+    code, report = inspect_json(capsys, source, "--eos-token", "0")
+    assert code == 0 and report["ok"]
+    assert report["format"] == "megatron" and report["dtype"] == "uint16"
+    assert (report["tokens"], report["documents"], report["eos_count"]) == (10, 3, 3)
+    assert report["document_length_percentiles"] == {"p0": 2, "p50": 3, "p90": 3, "p99": 3, "p100": 5}  # fmt: skip
+    assert report["first_tokens"] == [1, 2, 0, 3, 0, 4, 5, 6, 7, 0]
+    code, report = inspect_json(capsys, source, "--eos-token", "7")  # documents do not end with 7
+    assert code == 1 and not report["ok"]
+    main(["convert", source, str(tmp_path / "ng"), "--to", "nanogpt", "--bos-token", "3", "--quiet"])  # fmt: skip
+    code, report = inspect_json(capsys, str(tmp_path / "ng" / "m.bin"))
+    assert code == 0 and report["bos_token_from_index"] == 3 and report["magic"] == 20240520
+    assert report["documents"] == 2  # [1, 2, 0] before the first BOS, then [3, 0, 4, 5, 6, 7, 0]
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [(np.array([3, 1], "<i4"), "strictly ascending"), (np.array([0, 99], "<i4"), "out of range")],
+)
+def test_inspect_fails_on_bad_bos_index(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], content: np.ndarray, message: str
+) -> None:
+    from tokenmill.formats.nanogpt import write_nanogpt_shard
+
+    write_nanogpt_shard(tmp_path / "s.bin", np.arange(10))
+    (tmp_path / "s.bos.idx").write_bytes(content.tobytes())
+    code, report = inspect_json(capsys, str(tmp_path / "s.bin"))
+    assert code == 1 and message in report["checks"][0]["detail"]
+    (tmp_path / "s.bos.idx").write_bytes(np.array([1, 4], "<i4").tobytes())  # tokens 1 and 4
+    code, report = inspect_json(capsys, str(tmp_path / "s.bin"))
+    assert code == 1 and "points at one token id" in report["checks"][1]["name"]
+
+
+def test_inspect_truncated_and_missing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    from tokenmill.formats.nanogpt import write_nanogpt_shard
+
+    write_nanogpt_shard(tmp_path / "s.bin", np.arange(10))
+    data = (tmp_path / "s.bin").read_bytes()
+    (tmp_path / "s.bin").write_bytes(data[:-2])
+    code, report = inspect_json(capsys, str(tmp_path / "s.bin"))
+    assert code == 1 and "truncated" in report["checks"][0]["detail"]
+    assert main(["inspect", str(tmp_path / "nothing")]) == 2
+
+
+def test_inspect_plot(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    source = write_megatron_shard(tmp_path / "m", [[1, 0], [2, 3, 0]])
+    code = main(["inspect", source, "--plot", str(tmp_path / "h.png")])
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        assert code == 2 and "needs matplotlib" in capsys.readouterr().err
+    else:
+        assert code == 0 and (tmp_path / "h.png").stat().st_size > 0
