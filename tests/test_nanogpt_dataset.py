@@ -253,3 +253,19 @@ def test_world_arithmetic() -> None:
         World(rank=3, world_size=3)
     with pytest.raises(ValueError, match="worker_id"):
         World(worker_id=1, num_workers=1)
+
+
+def test_resume_under_a_different_number_of_readers_is_refused(tmp_path: Path) -> None:
+    """Per-reader positions do not carry over to another split of the files: fail loudly."""
+    paths = make_shards(tmp_path, [90, 143, 77])
+    dataset = NanogptDataset(paths, SEQ, shuffle_files=True, seed=3)
+    dataset.world = World(0, 2, 0, 1)
+    iterator = iter(dataset)
+    next(iterator)
+    state = dataset.state_dict()
+    assert state["total_workers"] == 2
+    resumed = NanogptDataset(paths, SEQ, shuffle_files=True, seed=3)
+    resumed.load_state_dict(state)
+    resumed.world = World(0, 3, 0, 1)
+    with pytest.raises(ValueError, match=r"taken with 2 readers .* now runs with 3"):
+        next(iter(resumed))

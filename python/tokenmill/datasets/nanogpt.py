@@ -214,6 +214,15 @@ class NanogptDataset(IterableDataset):  # type: ignore[misc]
 
         world = World.current(self.world)
         reader, total = world.global_worker_id, world.total_workers
+        resume_total = getattr(self, "_resume_total", None)
+        if self._resume and resume_total is not None and resume_total != total:
+            # The per-reader positions only mean something for the same split of the files.
+            raise ValueError(
+                f"this state was taken with {resume_total} readers (ranks x DataLoader workers) "
+                f"but the dataset now runs with {total}; resuming NanogptDataset under a "
+                "different number of readers is not supported"
+            )
+        self._total_readers = total
         skip = self._resume.pop(reader, 0)
         epoch = self.epoch
         while True:
@@ -244,7 +253,8 @@ class NanogptDataset(IterableDataset):  # type: ignore[misc]
         """The position of the readers that iterated in this process (exact mid-epoch)."""
         consumed = dict(self._resume)
         consumed.update(self._consumed)
-        return self._state(consumed, None)
+        total = getattr(self, "_total_readers", None) or getattr(self, "_resume_total", None)
+        return self._state(consumed, total)
 
     def _state(self, consumed: dict[int, int], total_workers: int | None) -> dict[str, Any]:
         return {
@@ -328,6 +338,8 @@ class NanogptDataset(IterableDataset):  # type: ignore[misc]
                 f"dataset has seed {self.seed} and {len(self.files)} files"
             )
         self.epoch = int(state["epoch"])
+        total = state.get("total_workers")
+        self._resume_total = None if total is None else int(total)
         self._consumed.clear()
         self._resume = {int(reader): int(count) for reader, count in state["consumed"].items()}
 
