@@ -290,3 +290,75 @@ def test_bad_inputs(tmp_path: Path) -> None:
         _core.plan_packing(np.array([3, -1], np.int32), 4, 0, 4, 4, 8, 16, False, 1)
     with pytest.raises(TypeError, match="lengths must have dtype int32"):
         _core.plan_packing(np.array([3, 1], np.int64), 4, 0, 4, 4, 8, 16, False, 1)
+
+
+def nanogpt_shard_from_spec(path: Path, documents: list[list[int]]) -> str:
+    """A modded-nanogpt shard (magic 20240520, uint16) written straight from the spec."""
+    tokens = np.concatenate([np.asarray(d) for d in documents])
+    header = np.zeros(256, dtype="<i4")
+    header[:3] = [20240520, 1, len(tokens)]
+    path.write_bytes(header.tobytes() + tokens.astype("<u2").tobytes())
+    return str(path)
+
+
+@pytest.mark.parametrize("layout", ["nanogpt", "npy"])
+def test_packs_other_formats_by_document(tmp_path: Path, layout: str) -> None:
+    from tokenmill.formats.documents import DocumentCorpus
+
+    bos, eos = 1, 0
+    rng = np.random.default_rng(12)
+    documents = [
+        [bos, *(2 if t == bos else t for t in d)]  # BOS only at document starts
+        for d in random_documents(rng, 60, max_length=90, eod=eos)
+    ]
+    if layout == "nanogpt":
+        directory = tmp_path / "shards"
+        directory.mkdir()
+        nanogpt_shard_from_spec(directory / "a.bin", documents[:30])
+        nanogpt_shard_from_spec(directory / "b.bin", documents[30:])
+        corpus = DocumentCorpus(str(directory), bos_token=bos)
+    else:
+        directory = tmp_path / "npy"
+        directory.mkdir()
+        np.save(directory / "0.npy", np.concatenate(documents[:25]).astype(np.uint32))
+        np.save(directory / "1.npy", np.concatenate(documents[25:]).astype(np.uint32))
+        corpus = DocumentCorpus(str(directory), eos_token=eos)
+    assert corpus.sequence_lengths.tolist() == [len(d) for d in documents]
+    dataset = PackedDataset(corpus, PackingConfig(sequence_length=48, window_overlap=8))
+    for idx in range(len(dataset)):
+        check_row(dataset, documents, idx)
+    aligned = PackedDataset(
+        corpus, PackingConfig(sequence_length=48, bos_aligned=True, bos_token_id=bos)
+    )
+    for idx in range(len(aligned)):
+        check_row(aligned, documents, idx)
+        assert int(aligned[idx]["input_ids"][0]) == bos
+
+
+def test_corpus_without_document_boundaries_is_an_error(tmp_path: Path) -> None:
+    from tokenmill.formats.documents import DocumentCorpus
+
+    np.save(tmp_path / "0.npy", np.arange(10, dtype=np.uint16))
+    with pytest.raises(ValueError, match="no document boundaries"):
+        DocumentCorpus(str(tmp_path))
+    corpus = DocumentCorpus(str(tmp_path), eos_token=4)
+    with pytest.raises(IndexError, match="outside document 0"):
+        corpus.get(0, 3, 5)
+
+
+def test_inspect_reports_packing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from tokenmill.cli.main import main
+
+    rng = np.random.default_rng(2)
+    prefix = shard_with(tmp_path, random_documents(rng, 200, max_length=300))
+    code = main(["inspect", prefix, "--packing", "--sequence-length", "256", "--json"])
+    report = json.loads(capsys.readouterr().out)
+    assert code == 0
+    packing = report["packing"]
+    assert packing["dropped_tokens"] == 0
+    assert packing["padding_fraction"] < 0.05
+    assert packing["rows"] == len(PackedDataset(IndexedDataset(prefix), PackingConfig(256)))
+    assert main(["inspect", prefix, "--packing"]) == 2
+    assert "--packing needs --sequence-length" in capsys.readouterr().err

@@ -70,8 +70,8 @@ class Progress:
 
 
 def run(args: argparse.Namespace) -> int:
-    from tokenmill.cli._sources import open_source
     from tokenmill.errors import DataFormatError
+    from tokenmill.formats.sources import open_source
 
     try:
         source = open_source(args.src, args.dtype if args.to != "megatron" else None)
@@ -97,8 +97,8 @@ def _chunks(total: int, size: int) -> Any:
 def _to_megatron(source: Any, args: argparse.Namespace, progress: Progress) -> None:
     import numpy as np
 
-    from tokenmill.cli._sources import document_lengths
     from tokenmill.formats.megatron import DType, IndexedDatasetBuilder
+    from tokenmill.formats.sources import document_lengths
 
     dtype = np.dtype(args.dtype) if args.dtype else source.dtype
     if dtype == np.dtype(np.uint32):

@@ -32,6 +32,15 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument("--dtype", help="dtype of raw headerless .bin files")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--plot", metavar="FILE.png", help="document-length histogram")
+    parser.add_argument(
+        "--packing",
+        action="store_true",
+        help="report how PackedDataset would pack the documents (needs --sequence-length)",
+    )
+    parser.add_argument("--sequence-length", type=int, help="row length for --packing")
+    parser.add_argument(
+        "--bos-aligned", action="store_true", help="--packing: full rows starting at a BOS"
+    )
     parser.set_defaults(handler=run)
 
 
@@ -45,8 +54,8 @@ def inspect_path(
     """The report of ``inspect`` and the document lengths (or None)."""
     import numpy as np
 
-    from tokenmill.cli._sources import document_lengths, open_source
     from tokenmill.errors import DataFormatError
+    from tokenmill.formats.sources import document_lengths, open_source
     from tokenmill.index.token_scan import count_token
 
     report: dict[str, Any] = {"path": path}
@@ -147,6 +156,25 @@ def _plot(lengths: Any, path: str, title: str) -> None:
     plt.close(figure)
 
 
+def packing_report(lengths: Any, sequence_length: int, bos_aligned: bool) -> dict[str, Any]:
+    """Rows, padding and dropped tokens of PackedDataset's plan for these documents."""
+    from tokenmill.index.packing import plan_packing
+
+    plan = plan_packing(lengths, sequence_length, bos_aligned=bos_aligned, num_threads=2)
+    row_tokens = plan.num_rows * sequence_length
+    data = int(plan.entries[:, 2].sum())
+    return {
+        "sequence_length": sequence_length,
+        "bos_aligned": bos_aligned,
+        "rows": plan.num_rows,
+        "tokens_kept": data,
+        "padding_tokens": plan.padding,
+        "inserted_bos_tokens": plan.inserted_bos,
+        "dropped_tokens": int(sum(int(x) for x in lengths)) - data,
+        "padding_fraction": plan.padding / row_tokens if row_tokens else 0.0,
+    }
+
+
 def run(args: argparse.Namespace) -> int:
     if args.plot:
         try:
@@ -162,6 +190,18 @@ def run(args: argparse.Namespace) -> int:
     except FileNotFoundError as error:
         print(f"tokenmill inspect: error: {error}", file=sys.stderr)
         return 2
+    if args.packing:
+        if not args.sequence_length:
+            print("tokenmill inspect: error: --packing needs --sequence-length", file=sys.stderr)
+            return 2
+        if lengths is None:
+            print(
+                "tokenmill inspect: error: --packing needs document boundaries (pass --bos-token "
+                "or --eos-token)",
+                file=sys.stderr,
+            )
+            return 2
+        report["packing"] = packing_report(lengths, args.sequence_length, args.bos_aligned)
     if args.plot:
         if lengths is None or not len(lengths):
             print(
