@@ -19,6 +19,7 @@ _EXPORTS: dict[str, str] = {
     "TokenmillError": "tokenmill.errors",
     "DataFormatError": "tokenmill.errors",
     "CacheError": "tokenmill.errors",
+    "PerformanceWarning": "tokenmill.errors",
 }
 
 __all__ = [
@@ -27,12 +28,13 @@ __all__ = [
     "DataFormatError",
     "IndexedDataset",
     "IndexedDatasetBuilder",
+    "PerformanceWarning",
     "TokenmillError",
     "__version__",
 ]
 
 if TYPE_CHECKING:
-    from tokenmill.errors import CacheError, DataFormatError, TokenmillError
+    from tokenmill.errors import CacheError, DataFormatError, PerformanceWarning, TokenmillError
     from tokenmill.formats.megatron import DType, IndexedDataset, IndexedDatasetBuilder
 
 
