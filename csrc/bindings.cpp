@@ -370,8 +370,24 @@ class Gatherer {
               py::array labels, py::array loss_mask, const py::object& position_ids,
               const py::object& document_starts, const py::object& cu_seqlens,
               const py::object& max_seqlen) const {
+    run(input_span<int64_t>(indices_array, "indices"), rows_object, std::move(tokens),
+        std::move(labels), std::move(loss_mask), position_ids, document_starts, cu_seqlens,
+        max_seqlen);
+  }
+
+  void gather_one(int64_t index, py::array tokens, py::array labels, py::array loss_mask,
+                  const py::object& position_ids, const py::object& document_starts,
+                  const py::object& cu_seqlens, const py::object& max_seqlen) const {
+    run(std::span<const int64_t>(&index, 1), py::none(), std::move(tokens), std::move(labels),
+        std::move(loss_mask), position_ids, document_starts, cu_seqlens, max_seqlen);
+  }
+
+ private:
+  void run(std::span<const int64_t> indices, const py::object& rows_object, py::array tokens,
+           py::array labels, py::array loss_mask, const py::object& position_ids,
+           const py::object& document_starts, const py::object& cu_seqlens,
+           const py::object& max_seqlen) const {
     const int64_t S = options_.sequence_length;
-    auto indices = input_span<int64_t>(indices_array, "indices");
     std::span<const int64_t> rows;
     py::array rows_array;
     const auto out_rows = static_cast<size_t>(tokens.size() / (S > 0 ? S : 1));
@@ -491,7 +507,6 @@ class Gatherer {
     }
   }
 
- private:
   // Runs without the GIL: uses only the flags and pointers taken in the constructor.
   void resolve(std::span<const int64_t> indices, std::vector<int64_t>& bounds) const {
     auto run = [&](auto order) {
@@ -569,5 +584,9 @@ PYBIND11_MODULE(_core, m, py::mod_gil_not_used()) {
            "labels"_a.noconvert(), "loss_mask"_a.noconvert(), "position_ids"_a,
            "document_starts"_a, "cu_seqlens"_a, "max_seqlen"_a,
            "Gather samples `indices` into rows `rows` (None: 0..B-1) of the outputs, with the GIL "
-           "released.");
+           "released.")
+      .def("gather_one", &Gatherer::gather_one, "index"_a, "tokens"_a.noconvert(),
+           "labels"_a.noconvert(), "loss_mask"_a.noconvert(), "position_ids"_a,
+           "document_starts"_a, "cu_seqlens"_a, "max_seqlen"_a,
+           "Gather one sample into 1-row outputs (gather() without the index array).");
 }

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
@@ -174,9 +175,12 @@ void gather_samples(std::span<const int64_t> bounds, std::span<const int32_t> do
   const bool need_starts = !options.inter_document_masking &&
                            (options.reset_position_ids || !outputs.document_starts.empty());
   std::vector<Part> parts;
-  std::vector<int64_t> text(static_cast<size_t>(S + 1));
+  parts.reserve(16);
+  // Scratch buffers, allocated on first use and never zero-filled (every entry read is written).
+  std::unique_ptr<int64_t[]> text;
   std::vector<int64_t> scratch;
-  std::vector<int64_t> starts(need_starts ? static_cast<size_t>(S) : 0);
+  std::unique_ptr<int64_t[]> starts;
+  if (need_starts) starts.reset(new int64_t[static_cast<size_t>(S)]);
   const TokenT* data = tokens.data();
 
   for (size_t i = 0; i < count; ++i) {
@@ -226,12 +230,13 @@ void gather_samples(std::span<const int64_t> bounds, std::span<const int32_t> do
         starts[0] = 0;
         for (int64_t p = 1; p < S; ++p) {
           if (static_cast<int64_t>(out_tokens[p - 1]) == eod) start = p;
-          starts[static_cast<size_t>(p)] = start;
+          starts[p] = start;
         }
       }
     } else {
       // General path: build the padded text in int64 first, then apply megatron's pad rules.
-      int64_t* t = text.data();
+      if (!text) text.reset(new int64_t[static_cast<size_t>(S + 1)]);
+      int64_t* t = text.get();
       int64_t at = 0;
       for (const Part& part : parts) {
         const TokenT* source = data + part.offset;
@@ -255,7 +260,7 @@ void gather_samples(std::span<const int64_t> bounds, std::span<const int32_t> do
         starts[0] = 0;
         for (int64_t p = 1; p < S; ++p) {
           if (t[p - 1] == eod) start = p;
-          starts[static_cast<size_t>(p)] = start;
+          starts[p] = start;
         }
       }
     }
@@ -271,13 +276,13 @@ void gather_samples(std::span<const int64_t> bounds, std::span<const int32_t> do
     } else {
       if (positions != nullptr) {
         if (options.reset_position_ids) {
-          for (int64_t p = 0; p < S; ++p) positions[p] = p - starts[static_cast<size_t>(p)];
+          for (int64_t p = 0; p < S; ++p) positions[p] = p - starts[p];
         } else {
           for (int64_t p = 0; p < S; ++p) positions[p] = p;
         }
       }
       if (!outputs.document_starts.empty()) {
-        std::copy(starts.begin(), starts.end(), outputs.document_starts.data() + base);
+        std::copy(starts.get(), starts.get() + S, outputs.document_starts.data() + base);
       }
     }
   }

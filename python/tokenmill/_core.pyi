@@ -70,3 +70,14 @@ class Gatherer:
         cu_seqlens: npt.NDArray[np.int32] | None,
         max_seqlen: npt.NDArray[np.int32] | None,
     ) -> None: ...
+    def gather_one(
+        self,
+        index: int,
+        tokens: npt.NDArray[np.integer],
+        labels: npt.NDArray[np.integer],
+        loss_mask: npt.NDArray[np.float32],
+        position_ids: npt.NDArray[np.int64] | None,
+        document_starts: npt.NDArray[np.int64] | None,
+        cu_seqlens: npt.NDArray[np.int32] | None,
+        max_seqlen: npt.NDArray[np.int32] | None,
+    ) -> None: ...

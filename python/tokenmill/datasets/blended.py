@@ -277,23 +277,25 @@ class BlendedDataset:
         sample_ids = np.ascontiguousarray(self.dataset_sample_index[index_array], dtype=np.int64)
         members = np.unique(dataset_ids).tolist()
         used = [self.datasets[member] for member in members]
-        lead = used[0] if used else self.datasets[0]
-        fast = isinstance(lead, GPTDataset) and all(
-            isinstance(member, GPTDataset)
-            and member._serving_gatherer() is not None
-            and member._serving_layout() == lead._serving_layout()
-            for member in (used if used else [lead])
+        servers = [member._serving() if isinstance(member, GPTDataset) else None for member in used]
+        fast = (
+            bool(used)
+            and all(server is not None for server in servers)
+            and all(member._serving_layout() == used[0]._serving_layout() for member in used)
         )
         tensors: dict[str, torch.Tensor]
         if fast:
-            buffers = lead._serving_buffers(
-                index_array.shape[0], batched=True, pin_memory=pin_memory
-            )
-            for member, dataset in zip(members, used):
+            lead = servers[0]
+            assert lead is not None
+            buffers = lead.buffers(index_array.shape[0], pin_memory=pin_memory)
+            for member, server in zip(members, servers):
+                assert server is not None
                 rows = np.flatnonzero(dataset_ids == member).astype(np.int64)
-                dataset._serving_fill(sample_ids[rows], rows, buffers)
-            tensors = lead._serving_tensors(buffers, None)
+                server.fill(sample_ids[rows], rows, buffers)
+            tensors = lead.tensors(buffers, None)
         else:
+            if not used:
+                raise ValueError("get_batch needs at least one index")
             tensors = stack_samples(
                 [self.datasets[d][s] for d, s in zip(dataset_ids.tolist(), sample_ids.tolist())]
             )

@@ -34,6 +34,7 @@ import logging
 import math
 import operator
 import os
+import sys
 import time
 import warnings
 from collections import OrderedDict
@@ -67,7 +68,7 @@ logger = logging.getLogger(__name__)
 _ARRAY_NAMES = ("document_index", "sample_index", "shuffle_index")
 
 # Per-process state that never travels through a pickle (rebuilt lazily in each worker).
-_TRANSIENT = ("_gatherer",)
+_TRANSIENT = ("_server",)
 _UNSET: Any = object()
 
 _ATTENTION_MASK_WARNING = (
@@ -115,7 +116,7 @@ class GPTDataset(MegatronDataset):
         (self.document_index, self.sample_index, self.shuffle_index) = (
             self._build_document_sample_shuffle_indices()
         )
-        self._gatherer: Any = _UNSET
+        self._server: Any = _UNSET
         if config.create_attention_mask and not config.inter_document_masking:
             warnings.warn(_ATTENTION_MASK_WARNING, PerformanceWarning, stacklevel=2)
 
@@ -424,13 +425,13 @@ class GPTDataset(MegatronDataset):
             IndexError: `idx` is outside [-len, len).
             TypeError: `idx` is not an integer or None.
         """
-        gatherer = self._serving_gatherer()
-        if gatherer is None:
+        server = self._server
+        if server is _UNSET:
+            server = self._make_server()
+        if server is None:
             return self._getitem_python(idx)
-        index = 0 if idx is None else operator.index(idx)
-        buffers = self._serving_buffers(1, batched=False)
-        self._serving_fill(np.array([index], dtype=np.int64), None, buffers)
-        return self._serving_tensors(buffers, padding=None if idx is not None else True)
+        result: dict[str, torch.Tensor] = server.one(idx)
+        return result
 
     def __getitems__(self, indices: Sequence[int | None]) -> SampleBatch:
         """A batch (torch's batched-fetch protocol): see `get_batch` and `SampleBatch`."""
@@ -458,25 +459,52 @@ class GPTDataset(MegatronDataset):
             TypeError: the indices are not integers.
         """
         index_array, padding = as_index_array(indices)
-        gatherer = self._serving_gatherer()
-        if gatherer is None:
+        server = self._serving()
+        if server is None:
+            pads = padding.tolist() if padding is not None else [False] * index_array.shape[0]
             samples = [
-                self._getitem_python(None if pad else int(i))
-                for i, pad in zip(
-                    index_array.tolist(),
-                    padding.tolist() if padding is not None else [False] * index_array.shape[0],
-                )
+                self._getitem_python(None if pad else index)
+                for index, pad in zip(index_array.tolist(), pads)
             ]
-            stacked = stack_samples(samples) if samples else self._empty_batch()
+            if not samples:
+                raise ValueError("get_batch needs at least one index on this dataset")
+            stacked = stack_samples(samples)
             if pin_memory:
                 stacked = {key: value.pin_memory() for key, value in stacked.items()}
             return stacked
-        buffers = self._serving_buffers(index_array.shape[0], batched=True, pin_memory=pin_memory)
-        self._serving_fill(index_array, None, buffers)
-        return self._serving_tensors(buffers, padding)
+        buffers = server.buffers(index_array.shape[0], pin_memory=pin_memory)
+        server.fill(index_array, None, buffers)
+        batch: dict[str, torch.Tensor] = server.tensors(buffers, padding)
+        return batch
 
-    def _empty_batch(self) -> dict[str, torch.Tensor]:
-        return self._serving_tensors(self._serving_buffers(0, batched=True), None)
+    def _serving(self) -> _SampleServer | None:
+        """The C++-backed sample server (built once per process), or None when the low-level
+        dataset needs the Python path (not a mapped, integer, single-modal IndexedDataset)."""
+        server = self._server
+        if server is _UNSET:
+            server = self._make_server()
+        result: _SampleServer | None = server
+        return result
+
+    def _make_server(self) -> _SampleServer | None:
+        from tokenmill.formats.megatron import IndexedDataset
+
+        if self.shuffle_index is None:
+            self._load_deferred()
+        dataset = self.dataset
+        tokens = getattr(dataset, "_tokens", None)
+        server = None
+        if (
+            isinstance(dataset, IndexedDataset)
+            and not dataset.multimodal
+            and tokens is not None
+            and tokens.dtype.kind in "iu"
+            and tokens.dtype.itemsize <= 8
+            and tokens.dtype not in (np.dtype(np.uint32), np.dtype(np.uint64))
+        ):
+            server = _SampleServer(self, tokens)
+        self._server = server
+        return server
 
     def _output_dtype(self) -> np.dtype[Any]:
         """The dtype of tokens and labels (config.token_output_dtype)."""
@@ -503,97 +531,139 @@ class GPTDataset(MegatronDataset):
         config = self.config
         return (
             config.sequence_length,
-            bool(config.add_extra_token_to_sequence),
             bool(config.create_attention_mask),
             bool(config.reset_attention_mask),
             bool(config.inter_document_masking),
             self._output_dtype(),
         )
 
-    def _serving_gatherer(self) -> Any:
-        """The C++ gatherer over this dataset's arrays (built once per process), or None when
-        the low-level dataset needs the Python path (not a mapped integer IndexedDataset)."""
-        gatherer = self._gatherer
-        if gatherer is not _UNSET:
-            return gatherer
-        from tokenmill.formats.megatron import IndexedDataset
 
-        if self.shuffle_index is None:
-            self._load_deferred()
-        dataset = self.dataset
-        tokens = getattr(dataset, "_tokens", None)
-        gatherer = None
-        if (
-            isinstance(dataset, IndexedDataset)
-            and not dataset.multimodal
-            and tokens is not None
-            and tokens.dtype.kind in "iu"
-            and tokens.dtype != np.uint32
-            and tokens.dtype != np.uint64
-        ):
-            from tokenmill import _core
+class _SampleServer:
+    """One GPTDataset's C++ gatherer and the recipe of its output buffers and tensors."""
 
-            config = self.config
-            gatherer = _core.Gatherer(
-                np.ascontiguousarray(self.shuffle_index),
-                np.ascontiguousarray(self.sample_index),
-                np.ascontiguousarray(self.document_index),
-                np.ascontiguousarray(dataset.sequence_pointers, dtype=np.int64),
-                np.ascontiguousarray(dataset.sequence_lengths, dtype=np.int32),
-                tokens,
-                sequence_length=config.sequence_length,
-                extra_token=int(config.add_extra_token_to_sequence),
-                eod=int(config.tokenizer.eod),
-                pad=int(self._pad_token_id),
-                eod_mask_loss=bool(config.eod_mask_loss),
-                reset_position_ids=bool(config.reset_position_ids),
-                inter_document_masking=bool(config.inter_document_masking),
-            )
-        self._gatherer = gatherer
-        return gatherer
+    def __init__(self, dataset: GPTDataset, tokens: npt.NDArray[Any]) -> None:
+        import torch
 
-    def _serving_buffers(
-        self, count: int, *, batched: bool, pin_memory: bool = False
-    ) -> dict[str, npt.NDArray[Any]]:
-        """Uninitialised output arrays for `count` samples (`[count, ...]` when batched)."""
-        config = self.config
-        length = config.sequence_length
-        lead: tuple[int, ...] = (count,) if batched else ()
+        from tokenmill import _core
+
+        config = dataset.config
+        self.torch = torch
+        self.length = config.sequence_length
+        self.dtype = dataset._output_dtype()
+        self.inter_document = bool(config.inter_document_masking)
+        self.attention_mask = bool(config.create_attention_mask) and not self.inter_document
+        self.reset_attention_mask = self.attention_mask and bool(config.reset_attention_mask)
+        self.gatherer = _core.Gatherer(
+            np.ascontiguousarray(dataset.shuffle_index),
+            np.ascontiguousarray(dataset.sample_index),
+            np.ascontiguousarray(dataset.document_index),
+            np.ascontiguousarray(dataset.dataset.sequence_pointers, dtype=np.int64),
+            np.ascontiguousarray(dataset.dataset.sequence_lengths, dtype=np.int32),
+            tokens,
+            sequence_length=config.sequence_length,
+            extra_token=int(config.add_extra_token_to_sequence),
+            eod=int(config.tokenizer.eod),
+            pad=int(dataset._pad_token_id),
+            eod_mask_loss=bool(config.eod_mask_loss),
+            reset_position_ids=bool(config.reset_position_ids),
+            inter_document_masking=self.inter_document,
+        )
+        self.pool = _BufferPool()
+
+    def one(self, idx: int | None) -> dict[str, torch.Tensor]:
+        """Sample `idx` with megatron-core's keys (the single-sample fast path)."""
+        index = 0 if idx is None else operator.index(idx)
+        length = self.length
+        empty = np.empty
+        tokens = empty(length, self.dtype)
+        labels = empty(length, self.dtype)
+        loss_mask = empty(length, np.float32)
+        position_ids = empty(length, np.int64)
+        cu_seqlens = max_seqlen = starts = None
+        if self.inter_document:
+            cu_seqlens = empty(length + 1, np.int32)
+            max_seqlen = empty((), np.int32)
+        elif self.reset_attention_mask:
+            starts = empty(length, np.int64)
+        self.gatherer.gather_one(
+            index, tokens, labels, loss_mask, position_ids, starts, cu_seqlens, max_seqlen
+        )
+        from_numpy = self.torch.from_numpy
+        if idx is None:
+            loss_mask[:] = 0.0
+        result = {"tokens": from_numpy(tokens), "labels": from_numpy(labels)}
+        if cu_seqlens is not None and max_seqlen is not None:
+            result["loss_mask"] = from_numpy(loss_mask)
+            result["position_ids"] = from_numpy(position_ids)
+            result["cu_seqlens"] = from_numpy(cu_seqlens)
+            result["max_seqlen"] = from_numpy(max_seqlen)
+            return result
+        if self.attention_mask:
+            result["attention_mask"] = self.mask(starts, ())
+        result["loss_mask"] = from_numpy(loss_mask)
+        result["position_ids"] = from_numpy(position_ids)
+        return result
+
+    def mask(self, starts: npt.NDArray[np.int64] | None, lead: tuple[int, ...]) -> torch.Tensor:
+        """megatron-core's dense mask (True = masked), `[*lead, 1, S, S]`."""
+        module = self.torch
+        length = self.length
+        allowed = module.ones(length, length, dtype=module.bool).tril_()
+        if starts is not None:
+            document = module.from_numpy(starts)
+            allowed = allowed & (document.unsqueeze(-1) == document.unsqueeze(-2))
+            result: torch.Tensor = (~allowed).unsqueeze(-3)
+            return result
+        return (~allowed).expand(*lead, 1, length, length).clone()
+
+    def buffers(self, count: int, *, pin_memory: bool = False) -> dict[str, npt.NDArray[Any]]:
+        """Uninitialised `[count, ...]` output arrays.
+
+        Without pinning they come from a small pool and are reused only once nothing but the
+        pool references them (every tensor, view or shared-memory copy of an earlier batch is
+        gone), which saves the page faults of fresh multi-MB allocations.
+        """
+        if not pin_memory:
+            buffers = self.pool.take(count)
+            if buffers is None:
+                buffers = self.new_buffers(count, pin_memory=False)
+                self.pool.add(count, buffers)
+            return buffers
+        return self.new_buffers(count, pin_memory=True)
+
+    def new_buffers(self, count: int, *, pin_memory: bool) -> dict[str, npt.NDArray[Any]]:
+        length = self.length
+        torch = self.torch
 
         def empty(shape: tuple[int, ...], dtype: npt.DTypeLike) -> npt.NDArray[Any]:
             if not pin_memory:
-                return np.empty(lead + shape, dtype=dtype)
-            import torch
-
-            tensor = torch.empty(
-                lead + shape, dtype=torch.from_numpy(np.empty(0, dtype)).dtype, pin_memory=True
-            )
+                return np.empty((count, *shape), dtype=dtype)
+            torch_dtype = torch.from_numpy(np.empty(0, dtype)).dtype
+            tensor = torch.empty((count, *shape), dtype=torch_dtype, pin_memory=True)
             pinned: npt.NDArray[Any] = tensor.numpy()
             return pinned
 
-        output = self._output_dtype()
         buffers = {
-            "tokens": empty((length,), output),
-            "labels": empty((length,), output),
+            "tokens": empty((length,), self.dtype),
+            "labels": empty((length,), self.dtype),
             "loss_mask": empty((length,), np.float32),
             "position_ids": empty((length,), np.int64),
         }
-        if config.inter_document_masking:
+        if self.inter_document:
             buffers["cu_seqlens"] = empty((length + 1,), np.int32)
             buffers["max_seqlen"] = empty((), np.int32)
-        elif config.create_attention_mask and config.reset_attention_mask:
-            buffers["document_starts"] = np.empty((*lead, length), dtype=np.int64)
+        elif self.reset_attention_mask:
+            buffers["document_starts"] = np.empty((count, length), dtype=np.int64)
         return buffers
 
-    def _serving_fill(
+    def fill(
         self,
         indices: npt.NDArray[np.int64],
         rows: npt.NDArray[np.int64] | None,
         buffers: dict[str, npt.NDArray[Any]],
     ) -> None:
         """Gather samples `indices` into rows `rows` (None: 0..B-1) of `buffers`."""
-        gatherer = self._serving_gatherer()
-        gatherer.gather(
+        self.gatherer.gather(
             indices,
             rows,
             buffers["tokens"],
@@ -605,46 +675,50 @@ class GPTDataset(MegatronDataset):
             buffers.get("max_seqlen"),
         )
 
-    def _serving_tensors(
-        self,
-        buffers: dict[str, npt.NDArray[Any]],
-        padding: npt.NDArray[np.bool_] | bool | None,
+    def tensors(
+        self, buffers: dict[str, npt.NDArray[Any]], padding: npt.NDArray[np.bool_] | None
     ) -> dict[str, torch.Tensor]:
-        """megatron-core's sample dict (batched when the buffers are) from filled buffers."""
-        import torch
-
-        config = self.config
-        loss_mask = torch.from_numpy(buffers["loss_mask"])
+        """The batched sample dict (megatron-core's keys and order) from filled buffers."""
+        from_numpy = self.torch.from_numpy
+        loss_mask = from_numpy(buffers["loss_mask"])
         if padding is not None:
-            if isinstance(padding, bool):
-                if padding:
-                    loss_mask.zero_()
-            else:
-                loss_mask[torch.from_numpy(padding)] = 0.0
-        result: dict[str, torch.Tensor] = {
-            "tokens": torch.from_numpy(buffers["tokens"]),
-            "labels": torch.from_numpy(buffers["labels"]),
-        }
-        if config.inter_document_masking:
+            loss_mask[from_numpy(padding)] = 0.0
+        result = {"tokens": from_numpy(buffers["tokens"]), "labels": from_numpy(buffers["labels"])}
+        if self.inter_document:
             result["loss_mask"] = loss_mask
-            result["position_ids"] = torch.from_numpy(buffers["position_ids"])
-            result["cu_seqlens"] = torch.from_numpy(buffers["cu_seqlens"])
-            result["max_seqlen"] = torch.from_numpy(buffers["max_seqlen"])
+            result["position_ids"] = from_numpy(buffers["position_ids"])
+            result["cu_seqlens"] = from_numpy(buffers["cu_seqlens"])
+            result["max_seqlen"] = from_numpy(buffers["max_seqlen"])
             return result
-        if config.create_attention_mask:
-            length = config.sequence_length
-            allowed = torch.ones(length, length, dtype=torch.bool).tril_()
-            batch_shape = buffers["tokens"].shape[:-1]
-            if config.reset_attention_mask:
-                starts = torch.from_numpy(buffers["document_starts"])
-                allowed = allowed & (starts.unsqueeze(-1) == starts.unsqueeze(-2))
-                mask = (~allowed).unsqueeze(-3)
-            else:
-                mask = (~allowed).expand(*batch_shape, 1, length, length).clone()
-            result["attention_mask"] = mask
+        if self.attention_mask:
+            count = buffers["tokens"].shape[0]
+            result["attention_mask"] = self.mask(buffers.get("document_starts"), (count,))
         result["loss_mask"] = loss_mask
-        result["position_ids"] = torch.from_numpy(buffers["position_ids"])
+        result["position_ids"] = from_numpy(buffers["position_ids"])
         return result
+
+
+class _BufferPool:
+    """Recently used batch buffers, reused once only the pool still references them."""
+
+    # A few sets per batch size: the batch being consumed, the one being prefetched, spares.
+    _PER_SIZE = 4
+
+    def __init__(self) -> None:
+        self._sets: dict[int, list[dict[str, npt.NDArray[Any]]]] = {}
+
+    def take(self, count: int) -> dict[str, npt.NDArray[Any]] | None:
+        for buffers in self._sets.get(count, ()):
+            # 3 = the pool's dict + the loop variable `values` below + getrefcount's argument;
+            # any tensor (torch.from_numpy) or view of the array adds to this count.
+            if all(sys.getrefcount(values) <= 3 for values in buffers.values()):
+                return buffers
+        return None
+
+    def add(self, count: int, buffers: dict[str, npt.NDArray[Any]]) -> None:
+        sets = self._sets.setdefault(count, [])
+        if len(sets) < self._PER_SIZE:
+            sets.append(buffers)
 
 
 def as_index_array(
