@@ -17,9 +17,9 @@ Registrar = Callable[["argparse._SubParsersAction[argparse.ArgumentParser]"], No
 
 
 def _subcommand_registrars() -> list[Registrar]:
-    from tokenmill.cli import demo
+    from tokenmill.cli import bench, demo
 
-    return [demo.register]
+    return [demo.register, bench.register]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -569,6 +569,9 @@ class _SampleServer:
             inter_document_masking=self.inter_document,
         )
         self.pool = _BufferPool()
+        self.worker: bool | None = None
+        # torch views of shared-memory buffers, by id of their tokens array, until tensors()
+        self.shared_views: dict[int, dict[str, torch.Tensor]] = {}
 
     def one(self, idx: int | None) -> dict[str, torch.Tensor]:
         """Sample `idx` with megatron-core's keys (the single-sample fast path)."""
@@ -623,6 +626,8 @@ class _SampleServer:
         pool references them (every tensor, view or shared-memory copy of an earlier batch is
         gone), which saves the page faults of fresh multi-MB allocations.
         """
+        if not pin_memory and self.in_worker():
+            return self.shared_buffers(count)
         if not pin_memory:
             buffers = self.pool.take(count)
             if buffers is None:
@@ -630,6 +635,56 @@ class _SampleServer:
                 self.pool.add(count, buffers)
             return buffers
         return self.new_buffers(count, pin_memory=True)
+
+    def in_worker(self) -> bool:
+        """Whether this process is a torch DataLoader worker."""
+        worker = self.worker
+        if worker is None:
+            from torch.utils.data import get_worker_info
+
+            worker = self.worker = get_worker_info() is not None
+        return bool(worker)
+
+    def layout(self, count: int) -> list[tuple[str, tuple[int, ...], np.dtype[Any]]]:
+        """(key, shape, dtype) of every output buffer of a batch of `count`."""
+        length = self.length
+        layout: list[tuple[str, tuple[int, ...], np.dtype[Any]]] = [
+            ("tokens", (count, length), self.dtype),
+            ("labels", (count, length), self.dtype),
+            ("loss_mask", (count, length), np.dtype(np.float32)),
+            ("position_ids", (count, length), np.dtype(np.int64)),
+        ]
+        if self.inter_document:
+            layout.append(("cu_seqlens", (count, length + 1), np.dtype(np.int32)))
+            layout.append(("max_seqlen", (count,), np.dtype(np.int32)))
+        elif self.reset_attention_mask:
+            layout.append(("document_starts", (count, length), np.dtype(np.int64)))
+        return layout
+
+    def shared_buffers(self, count: int) -> dict[str, npt.NDArray[Any]]:
+        """Outputs carved from ONE shared-memory block: a DataLoader worker then hands the batch
+        to the main process as one shared segment (torch sends one descriptor per storage,
+        each a socket round trip) and copies nothing."""
+        module = self.torch
+        layout = self.layout(count)
+        offsets = []
+        total = 0
+        for _, shape, dtype in layout:
+            total = -(-total // 64) * 64
+            offsets.append(total)
+            total += int(np.prod(shape)) * dtype.itemsize
+        storage = module.UntypedStorage._new_shared(max(total, 1))
+        block = module.empty(0, dtype=module.uint8).set_(storage)
+        raw = block.numpy()
+        buffers: dict[str, npt.NDArray[Any]] = {}
+        views: dict[str, torch.Tensor] = {}
+        for (key, shape, dtype), offset in zip(layout, offsets):
+            size = int(np.prod(shape)) * dtype.itemsize
+            buffers[key] = raw[offset : offset + size].view(dtype).reshape(shape)
+            torch_dtype = module.from_numpy(np.empty(0, dtype)).dtype
+            views[key] = block[offset : offset + size].view(torch_dtype).view(shape)
+        self.shared_views[id(buffers["tokens"])] = views
+        return buffers
 
     def new_buffers(self, count: int, *, pin_memory: bool) -> dict[str, npt.NDArray[Any]]:
         length = self.length
@@ -680,21 +735,26 @@ class _SampleServer:
     ) -> dict[str, torch.Tensor]:
         """The batched sample dict (megatron-core's keys and order) from filled buffers."""
         from_numpy = self.torch.from_numpy
-        loss_mask = from_numpy(buffers["loss_mask"])
+        shared = self.shared_views.pop(id(buffers["tokens"]), None)
+
+        def tensor(key: str) -> torch.Tensor:
+            return shared[key] if shared is not None else from_numpy(buffers[key])
+
+        loss_mask = tensor("loss_mask")
         if padding is not None:
             loss_mask[from_numpy(padding)] = 0.0
-        result = {"tokens": from_numpy(buffers["tokens"]), "labels": from_numpy(buffers["labels"])}
+        result = {"tokens": tensor("tokens"), "labels": tensor("labels")}
         if self.inter_document:
             result["loss_mask"] = loss_mask
-            result["position_ids"] = from_numpy(buffers["position_ids"])
-            result["cu_seqlens"] = from_numpy(buffers["cu_seqlens"])
-            result["max_seqlen"] = from_numpy(buffers["max_seqlen"])
+            result["position_ids"] = tensor("position_ids")
+            result["cu_seqlens"] = tensor("cu_seqlens")
+            result["max_seqlen"] = tensor("max_seqlen")
             return result
         if self.attention_mask:
             count = buffers["tokens"].shape[0]
             result["attention_mask"] = self.mask(buffers.get("document_starts"), (count,))
         result["loss_mask"] = loss_mask
-        result["position_ids"] = from_numpy(buffers["position_ids"])
+        result["position_ids"] = tensor("position_ids")
         return result
 
 
