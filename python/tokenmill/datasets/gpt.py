@@ -22,9 +22,10 @@ Serving: for an IndexedDataset mapped with `mmap=True` (the default) and integer
 call (`_core.Gatherer.gather`, GIL released) resolves shuffle -> sample -> document positions,
 reads the tokens in their storage dtype, widens them once into the output rows and computes
 labels, loss_mask, position_ids (and their reset variants) and cu_seqlens in the same pass.
-`__getitem__` does this for one sample (about 5 µs at 2048 tokens, where megatron-core spends
-~34 µs), `__getitems__` / `get_batch` for a whole batch into one tensor per key (a few µs per
-sample, most of it the memory traffic of the int64 outputs). Other low-level datasets (mock data,
+`__getitem__` does this for one sample (9–12 µs at 2048 tokens on the 2-core dev VM, 5–6x
+faster than megatron-core in the same run), `__getitems__` / `get_batch` for a whole batch into
+one tensor per key (3–5 µs per sample at 2048, mostly the memory traffic of the int64 outputs;
+see benchmarks/SERVING.md). Other low-level datasets (mock data,
 `mmap=False`, float tokens) take the per-document Python path, with identical results.
 """
 
