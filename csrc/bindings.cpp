@@ -5,13 +5,14 @@
 
 #include <cstdint>
 #include <optional>
+#include <span>
+#include <string>
 #include <type_traits>
 #include <utility>
 #include <vector>
-#include <span>
-#include <string>
 
 #include "blending.hpp"
+#include "gather.hpp"
 #include "packing.hpp"
 #include "sample_index.hpp"
 #include "shuffle.hpp"
@@ -28,7 +29,10 @@ std::string dtype_name(const py::array& array) { return py::str(array.dtype()).c
 
 template <typename T>
 bool has_dtype(const py::array& array) {
-  return array.dtype().is(py::dtype::of<T>());
+  // Identity for numpy's builtin descriptors; equality for copies (e.g. unpickled arrays).
+  const auto expected = py::dtype::of<T>();
+  const auto actual = array.dtype();
+  return actual.is(expected) || actual.equal(expected);
 }
 
 // A C-contiguous view of `array` as T, or TypeError naming the argument.
@@ -341,6 +345,254 @@ py::tuple plan_packing(const py::array& lengths_array, int64_t row_length, int64
                         plan.inserted_bos);
 }
 
+// ---- sample gathering (GPTDataset.__getitem__ / __getitems__) ------------------------------
+
+// A dataset's index arrays and token buffer, checked once, kept alive for the gathers.
+class Gatherer {
+ public:
+  Gatherer(py::array shuffle_index, py::array sample_index, py::array document_index,
+           py::array sequence_pointers, py::array sequence_lengths, py::array tokens,
+           int64_t sequence_length, int64_t extra_token, int64_t eod, int64_t pad,
+           bool eod_mask_loss, bool reset_position_ids, bool inter_document_masking)
+      : shuffle_(std::move(shuffle_index)),
+        sample_(std::move(sample_index)),
+        document_(std::move(document_index)),
+        pointers_(std::move(sequence_pointers)),
+        lengths_(std::move(sequence_lengths)),
+        tokens_(std::move(tokens)) {
+    check_sequence(sequence_length, extra_token);
+    check_sample_index_shape(sample_);
+    if (shuffle_.ndim() != 1 || shuffle_.shape(0) != sample_.shape(0) - 1) {
+      fail_value("shuffle_index must be 1-D with one entry per sample (" +
+                 std::to_string(sample_.shape(0) - 1) + ")");
+    }
+    shuffle_is_uint32_ = has_dtype<uint32_t>(shuffle_);
+    if (shuffle_is_uint32_) {
+      shuffle32_ = input_span<uint32_t>(shuffle_, "shuffle_index");
+    } else if (has_dtype<int64_t>(shuffle_)) {
+      shuffle64_ = input_span<int64_t>(shuffle_, "shuffle_index");
+    } else {
+      throw py::type_error("shuffle_index must be uint32 or int64, got " + dtype_name(shuffle_));
+    }
+    sample_is_int32_ = has_dtype<int32_t>(sample_);
+    if (sample_is_int32_) {
+      sample32_ = input_span<int32_t>(sample_, "sample_index");
+    } else if (has_dtype<int64_t>(sample_)) {
+      sample64_ = input_span<int64_t>(sample_, "sample_index");
+    } else {
+      throw py::type_error("sample_index must be int32 or int64, got " + dtype_name(sample_));
+    }
+    document_span_ = input_span<int32_t>(document_, "document_index");
+    pointers_span_ = input_span<int64_t>(pointers_, "sequence_pointers");
+    lengths_span_ = input_span<int32_t>(lengths_, "sequence_lengths");
+    if (pointers_span_.size() != lengths_span_.size()) {
+      fail_value("sequence_pointers and sequence_lengths must have the same length, got " +
+                 std::to_string(pointers_span_.size()) + " and " +
+                 std::to_string(lengths_span_.size()));
+    }
+    if (tokens_.ndim() != 1) fail_value("tokens must be 1-D");
+    if (!(tokens_.flags() & py::array::c_style)) throw py::type_error("tokens must be C-contiguous");
+    if (has_dtype<uint16_t>(tokens_)) {
+      token_kind_ = TokenKind::kUint16;
+    } else if (has_dtype<int32_t>(tokens_)) {
+      token_kind_ = TokenKind::kInt32;
+    } else if (has_dtype<uint8_t>(tokens_)) {
+      token_kind_ = TokenKind::kUint8;
+    } else if (has_dtype<int8_t>(tokens_)) {
+      token_kind_ = TokenKind::kInt8;
+    } else if (has_dtype<int16_t>(tokens_)) {
+      token_kind_ = TokenKind::kInt16;
+    } else if (has_dtype<int64_t>(tokens_)) {
+      token_kind_ = TokenKind::kInt64;
+    } else {
+      throw py::type_error("tokens must be an integer dtype (uint8, int8, int16, uint16, int32 or "
+                           "int64), got " + dtype_name(tokens_));
+    }
+    options_.sequence_length = sequence_length;
+    options_.extra_token = extra_token;
+    options_.eod = eod;
+    options_.pad = pad;
+    options_.eod_mask_loss = eod_mask_loss;
+    options_.reset_position_ids = reset_position_ids;
+    options_.inter_document_masking = inter_document_masking;
+  }
+
+  int64_t size() const { return shuffle_.shape(0); }
+
+  void gather(const py::array& indices_array, const py::object& rows_object, py::array tokens,
+              py::array labels, py::array loss_mask, const py::object& position_ids,
+              const py::object& document_starts, const py::object& cu_seqlens,
+              const py::object& max_seqlen) const {
+    run(input_span<int64_t>(indices_array, "indices"), rows_object, std::move(tokens),
+        std::move(labels), std::move(loss_mask), position_ids, document_starts, cu_seqlens,
+        max_seqlen);
+  }
+
+  void gather_one(int64_t index, py::array tokens, py::array labels, py::array loss_mask,
+                  const py::object& position_ids, const py::object& document_starts,
+                  const py::object& cu_seqlens, const py::object& max_seqlen) const {
+    run(std::span<const int64_t>(&index, 1), py::none(), std::move(tokens), std::move(labels),
+        std::move(loss_mask), position_ids, document_starts, cu_seqlens, max_seqlen);
+  }
+
+ private:
+  void run(std::span<const int64_t> indices, const py::object& rows_object, py::array tokens,
+           py::array labels, py::array loss_mask, const py::object& position_ids,
+           const py::object& document_starts, const py::object& cu_seqlens,
+           const py::object& max_seqlen) const {
+    const int64_t S = options_.sequence_length;
+    std::span<const int64_t> rows;
+    py::array rows_array;
+    const auto out_rows = static_cast<size_t>(tokens.size() / (S > 0 ? S : 1));
+    if (!rows_object.is_none()) {
+      rows_array = rows_object.cast<py::array>();
+      rows = input_span<int64_t>(rows_array, "rows");
+      if (rows.size() != indices.size()) {
+        fail_value("rows must have one entry per index (" + std::to_string(indices.size()) +
+                   "), got " + std::to_string(rows.size()));
+      }
+      for (int64_t row : rows) {
+        if (row < 0 || static_cast<size_t>(row) >= out_rows) {
+          throw py::index_error("row " + std::to_string(row) + " is outside the " +
+                                std::to_string(out_rows) + " output rows");
+        }
+      }
+    } else if (indices.size() > out_rows) {
+      fail_value("outputs have " + std::to_string(out_rows) + " rows for " +
+                 std::to_string(indices.size()) + " indices");
+    }
+    const auto cells = static_cast<int64_t>(out_rows) * S;
+    auto check_size = [&](const py::array& array, int64_t expected, const char* name) {
+      if (array.size() != expected) {
+        fail_value(std::string(name) + " must have " + std::to_string(expected) +
+                   " elements, got " + std::to_string(array.size()));
+      }
+    };
+    if (tokens.size() != cells) {
+      fail_value("tokens must have a multiple of sequence_length = " + std::to_string(S) +
+                 " elements, got " + std::to_string(tokens.size()));
+    }
+    check_size(labels, cells, "labels");
+    check_size(loss_mask, cells, "loss_mask");
+    auto loss = output_span<float>(loss_mask, "loss_mask");
+    py::array positions_array, starts_array, cu_array, max_array;
+    std::span<int64_t> positions, starts;
+    std::span<int32_t> cu, widest;
+    if (!position_ids.is_none()) {
+      positions_array = position_ids.cast<py::array>();
+      check_size(positions_array, cells, "position_ids");
+      positions = output_span<int64_t>(positions_array, "position_ids");
+    }
+    if (!document_starts.is_none()) {
+      starts_array = document_starts.cast<py::array>();
+      check_size(starts_array, cells, "document_starts");
+      starts = output_span<int64_t>(starts_array, "document_starts");
+    }
+    if (!cu_seqlens.is_none()) {
+      cu_array = cu_seqlens.cast<py::array>();
+      check_size(cu_array, static_cast<int64_t>(out_rows) * (S + 1), "cu_seqlens");
+      cu = output_span<int32_t>(cu_array, "cu_seqlens");
+    }
+    if (!max_seqlen.is_none()) {
+      max_array = max_seqlen.cast<py::array>();
+      check_size(max_array, static_cast<int64_t>(out_rows), "max_seqlen");
+      widest = output_span<int32_t>(max_array, "max_seqlen");
+    }
+    if (options_.inter_document_masking && (cu.empty() || widest.empty())) {
+      fail_value("inter_document_masking needs cu_seqlens and max_seqlen outputs");
+    }
+
+    std::vector<int64_t> bounds(4 * indices.size());
+    auto with_out = [&](auto token_span, auto out_tag) {
+      using OutT = decltype(out_tag);
+      tokenmill::GatherOutputs<OutT> outputs;
+      outputs.tokens = output_span<OutT>(tokens, "tokens");
+      outputs.labels = output_span<OutT>(labels, "labels");
+      outputs.loss_mask = loss;
+      outputs.position_ids = positions;
+      outputs.document_starts = starts;
+      outputs.cu_seqlens = cu;
+      outputs.max_seqlen = widest;
+      // Safe without the GIL: every buffer is owned by this object or the caller for the call.
+      py::gil_scoped_release release;
+      resolve(indices, bounds);
+      tokenmill::gather_samples(std::span<const int64_t>(bounds), document_span_, pointers_span_,
+                                lengths_span_, token_span, rows, options_, outputs);
+    };
+    auto with_tokens = [&](auto token_span) {
+      using TokenT = typename decltype(token_span)::value_type;
+      using Plain = std::remove_const_t<TokenT>;
+      if (has_dtype<int64_t>(tokens)) {
+        with_out(token_span, int64_t{});
+      } else if (has_dtype<int32_t>(tokens)) {
+        with_out(token_span, int32_t{});
+      } else if constexpr (sizeof(Plain) <= 2) {
+        if (has_dtype<Plain>(tokens)) {
+          with_out(token_span, Plain{});
+          return;
+        }
+        throw py::type_error("outputs must be int64, int32 or the storage dtype, got " +
+                             dtype_name(tokens));
+      } else {
+        throw py::type_error("outputs must be int64, int32 or the storage dtype, got " +
+                             dtype_name(tokens));
+      }
+    };
+    switch (token_kind_) {
+      case TokenKind::kUint16:
+        with_tokens(input_span<uint16_t>(tokens_, "tokens"));
+        break;
+      case TokenKind::kInt32:
+        with_tokens(input_span<int32_t>(tokens_, "tokens"));
+        break;
+      case TokenKind::kUint8:
+        with_tokens(input_span<uint8_t>(tokens_, "tokens"));
+        break;
+      case TokenKind::kInt8:
+        with_tokens(input_span<int8_t>(tokens_, "tokens"));
+        break;
+      case TokenKind::kInt16:
+        with_tokens(input_span<int16_t>(tokens_, "tokens"));
+        break;
+      case TokenKind::kInt64:
+        with_tokens(input_span<int64_t>(tokens_, "tokens"));
+        break;
+    }
+  }
+
+  // Runs without the GIL: uses only the flags and pointers taken in the constructor.
+  void resolve(std::span<const int64_t> indices, std::vector<int64_t>& bounds) const {
+    auto run = [&](auto order) {
+      if (sample_is_int32_) {
+        tokenmill::resolve_samples(order, std::span<const int32_t>(sample32_), indices,
+                                   std::span<int64_t>(bounds));
+      } else {
+        tokenmill::resolve_samples(order, std::span<const int64_t>(sample64_), indices,
+                                   std::span<int64_t>(bounds));
+      }
+    };
+    if (shuffle_is_uint32_) {
+      run(shuffle32_);
+    } else {
+      run(shuffle64_);
+    }
+  }
+
+  py::array shuffle_, sample_, document_, pointers_, lengths_, tokens_;
+  enum class TokenKind { kUint8, kInt8, kInt16, kUint16, kInt32, kInt64 };
+  TokenKind token_kind_ = TokenKind::kUint16;
+  bool shuffle_is_uint32_ = false;
+  bool sample_is_int32_ = false;
+  std::span<const uint32_t> shuffle32_;
+  std::span<const int64_t> shuffle64_;
+  std::span<const int32_t> sample32_;
+  std::span<const int64_t> sample64_;
+  std::span<const int32_t> document_span_;
+  std::span<const int64_t> pointers_span_;
+  std::span<const int32_t> lengths_span_;
+  tokenmill::GatherOptions options_;
+};
+
 }  // namespace
 
 // ---- token scan (find_token_positions / count_token) ---------------------------------------
@@ -456,4 +708,24 @@ PYBIND11_MODULE(_core, m, py::mod_gil_not_used()) {
         "num_threads"_a = 1,
         "Packing plan: (entries [E, 5] int64, row_offsets [R + 1] int64, padding, inserted_bos).");
   register_token_scan(m);  // token scan block above
+
+  py::class_<Gatherer>(m, "Gatherer",
+                       "A GPTDataset's index arrays and token buffer, for batched gathers.")
+      .def(py::init<py::array, py::array, py::array, py::array, py::array, py::array, int64_t,
+                    int64_t, int64_t, int64_t, bool, bool, bool>(),
+           "shuffle_index"_a.noconvert(), "sample_index"_a.noconvert(),
+           "document_index"_a.noconvert(), "sequence_pointers"_a.noconvert(),
+           "sequence_lengths"_a.noconvert(), "tokens"_a.noconvert(), "sequence_length"_a,
+           "extra_token"_a, "eod"_a, "pad"_a, "eod_mask_loss"_a, "reset_position_ids"_a,
+           "inter_document_masking"_a)
+      .def("__len__", &Gatherer::size)
+      .def("gather", &Gatherer::gather, "indices"_a.noconvert(), "rows"_a, "tokens"_a.noconvert(),
+           "labels"_a.noconvert(), "loss_mask"_a.noconvert(), "position_ids"_a,
+           "document_starts"_a, "cu_seqlens"_a, "max_seqlen"_a,
+           "Gather samples `indices` into rows `rows` (None: 0..B-1) of the outputs, with the GIL "
+           "released.")
+      .def("gather_one", &Gatherer::gather_one, "index"_a, "tokens"_a.noconvert(),
+           "labels"_a.noconvert(), "loss_mask"_a.noconvert(), "position_ids"_a,
+           "document_starts"_a, "cu_seqlens"_a, "max_seqlen"_a,
+           "Gather one sample into 1-row outputs (gather() without the index array).");
 }

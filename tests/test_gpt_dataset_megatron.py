@@ -16,7 +16,11 @@ import pytest
 
 from conftest import TinyTokenizer, random_documents, write_megatron_shard
 
-pytestmark = pytest.mark.megatron
+# These tests build datasets with megatron's default create_attention_mask=True on purpose.
+pytestmark = [
+    pytest.mark.megatron,
+    pytest.mark.filterwarnings("ignore::tokenmill.errors.PerformanceWarning"),
+]
 
 torch = pytest.importorskip("torch")
 with warnings.catch_warnings():

@@ -45,6 +45,7 @@ _EXPORTS: dict[str, str] = {
     "TokenmillError": "tokenmill.errors",
     "DataFormatError": "tokenmill.errors",
     "CacheError": "tokenmill.errors",
+    "PerformanceWarning": "tokenmill.errors",
 }
 
 __all__ = [  # noqa: RUF022 - grouped like _EXPORTS
@@ -76,6 +77,7 @@ __all__ = [  # noqa: RUF022 - grouped like _EXPORTS
     "open_token_file",
     "find_token_positions",
     "World",
+    "PerformanceWarning",
     "TokenmillError",
     "DataFormatError",
     "CacheError",
@@ -96,7 +98,7 @@ if TYPE_CHECKING:
         normalize,
         parse_and_normalize_split,
     )
-    from tokenmill.errors import CacheError, DataFormatError, TokenmillError
+    from tokenmill.errors import CacheError, DataFormatError, PerformanceWarning, TokenmillError
     from tokenmill.formats.bos_index import read_bos_index, write_bos_index
     from tokenmill.formats.megatron import DType, IndexedDataset, IndexedDatasetBuilder
     from tokenmill.formats.nanogpt import NanogptShard, NanogptShardWriter, write_nanogpt_shard

@@ -52,3 +52,47 @@ def find_token_positions(
     tokens: npt.NDArray[np.integer], token: int, num_threads: int = 1
 ) -> npt.NDArray[np.int64]: ...
 def count_token(tokens: npt.NDArray[np.integer], token: int, num_threads: int = 1) -> int: ...
+
+class Gatherer:
+    """A GPTDataset's index arrays and token buffer, for batched gathers."""
+
+    def __init__(
+        self,
+        shuffle_index: npt.NDArray[np.integer],
+        sample_index: npt.NDArray[np.integer],
+        document_index: npt.NDArray[np.int32],
+        sequence_pointers: npt.NDArray[np.int64],
+        sequence_lengths: npt.NDArray[np.int32],
+        tokens: npt.NDArray[np.integer],
+        sequence_length: int,
+        extra_token: int,
+        eod: int,
+        pad: int,
+        eod_mask_loss: bool,
+        reset_position_ids: bool,
+        inter_document_masking: bool,
+    ) -> None: ...
+    def __len__(self) -> int: ...
+    def gather(
+        self,
+        indices: npt.NDArray[np.int64],
+        rows: npt.NDArray[np.int64] | None,
+        tokens: npt.NDArray[np.integer],
+        labels: npt.NDArray[np.integer],
+        loss_mask: npt.NDArray[np.float32],
+        position_ids: npt.NDArray[np.int64] | None,
+        document_starts: npt.NDArray[np.int64] | None,
+        cu_seqlens: npt.NDArray[np.int32] | None,
+        max_seqlen: npt.NDArray[np.int32] | None,
+    ) -> None: ...
+    def gather_one(
+        self,
+        index: int,
+        tokens: npt.NDArray[np.integer],
+        labels: npt.NDArray[np.integer],
+        loss_mask: npt.NDArray[np.float32],
+        position_ids: npt.NDArray[np.int64] | None,
+        document_starts: npt.NDArray[np.int64] | None,
+        cu_seqlens: npt.NDArray[np.int32] | None,
+        max_seqlen: npt.NDArray[np.int32] | None,
+    ) -> None: ...

@@ -18,3 +18,7 @@ class DataFormatError(TokenmillError, ValueError):
 
 class CacheError(TokenmillError, RuntimeError):
     """An index cache is unusable: truncated, foreign, or inconsistent with its description."""
+
+
+class PerformanceWarning(UserWarning):
+    """A setting that keeps results correct but is known to be slow (e.g. dense attention masks)."""

@@ -17,9 +17,9 @@ Registrar = Callable[["argparse._SubParsersAction[argparse.ArgumentParser]"], No
 
 
 def _subcommand_registrars() -> list[Registrar]:
-    from tokenmill.cli import convert, demo, inspect_cmd
+    from tokenmill.cli import bench, convert, demo, inspect_cmd
 
-    return [demo.register, convert.register, inspect_cmd.register]
+    return [demo.register, convert.register, inspect_cmd.register, bench.register]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -10,6 +10,13 @@ Cache: only when `config.path_to_cache` is set, under megatron-core's names
 (`<md5>-BlendedDataset-<split>-{description.txt,dataset_index.npy,dataset_sample_index.npy}`),
 written atomically under a lock and validated on every hit (see `tokenmill.index.cache`).
 `dataset_index` is int16 (megatron-core) below 32 767 members and int32 beyond.
+
+Serving: `__getitems__(indices)` / `get_batch(indices)` look up the members of the whole batch
+with two vectorised numpy gathers and let each member present in the batch gather its samples
+straight into the rows of one shared set of batch tensors (one C++ call per member, GIL
+released). The result equals stacking `__getitem__` outputs, with `dataset_id` a `[B]`
+`torch.int16` tensor (`torch.int32` for blends of 32 767 members or more), i.e. what torch's
+default collate makes of the per-sample numpy scalars.
 """
 
 from __future__ import annotations
@@ -18,7 +25,7 @@ import logging
 import time
 from collections import OrderedDict
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
@@ -33,7 +40,11 @@ from tokenmill.index.blending import (
     build_exhaustive_blending_indices,
 )
 from tokenmill.index.cache import ArraySpec, IndexCache
+from tokenmill.loading.batch import SampleBatch, stack_samples
 from tokenmill.loading.distributed import is_cache_builder
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["BlendedDataset"]
 
@@ -224,3 +235,73 @@ class BlendedDataset:
         dataset_id = self.dataset_index[idx]
         dataset_sample_id = self.dataset_sample_index[idx]
         return {"dataset_id": dataset_id, **self.datasets[dataset_id][dataset_sample_id]}
+
+    def __getitems__(self, indices: Sequence[int]) -> SampleBatch:
+        """A batch (torch's batched-fetch protocol): see `get_batch` and `SampleBatch`."""
+        tensors = self.get_batch(indices)
+        return SampleBatch(tensors, int(tensors["dataset_id"].shape[0]))
+
+    def get_batch(
+        self, indices: Sequence[int] | npt.NDArray[np.integer], *, pin_memory: bool = False
+    ) -> dict[str, torch.Tensor]:
+        """Samples `indices` stacked: `dataset_id` `[B]` (int16, or int32 for huge blends), then
+        the members' keys with a leading batch dimension (see `GPTDataset.get_batch`).
+
+        Args:
+            indices: sample indices (negative counts from the end).
+            pin_memory: allocate the outputs in page-locked memory (needs an accelerator).
+
+        Returns:
+            One tensor per key, in `__getitem__`'s key order.
+
+        Raises:
+            IndexError: an index is outside [-len, len) (the message names it).
+            TypeError: the indices are not integers.
+        """
+        import torch
+
+        from tokenmill.datasets.gpt import GPTDataset, as_index_array
+
+        if self.dataset_index is None:
+            self._load_deferred()
+        assert self.dataset_index is not None and self.dataset_sample_index is not None
+        index_array, padding = as_index_array(indices)
+        if padding is not None:
+            raise TypeError("BlendedDataset indices must be integers, got None")
+        total = int(self.dataset_index.shape[0])
+        outside = (index_array < -total) | (index_array >= total)
+        if outside.any():
+            bad = int(index_array[int(np.argmax(outside))])
+            raise IndexError(f"sample index {bad} is out of range for a blend of {total} samples")
+        dataset_ids = self.dataset_index[index_array]
+        sample_ids = np.ascontiguousarray(self.dataset_sample_index[index_array], dtype=np.int64)
+        members = np.unique(dataset_ids).tolist()
+        used = [self.datasets[member] for member in members]
+        servers = [member._serving() if isinstance(member, GPTDataset) else None for member in used]
+        fast = (
+            bool(used)
+            and all(server is not None for server in servers)
+            and all(member._serving_layout() == used[0]._serving_layout() for member in used)
+        )
+        tensors: dict[str, torch.Tensor]
+        if fast:
+            lead = servers[0]
+            assert lead is not None
+            buffers = lead.buffers(index_array.shape[0], pin_memory=pin_memory)
+            for member, server in zip(members, servers):
+                assert server is not None
+                rows = np.flatnonzero(dataset_ids == member).astype(np.int64)
+                server.fill(sample_ids[rows], rows, buffers)
+            tensors = lead.tensors(buffers, None)
+        else:
+            if not used:
+                raise ValueError("get_batch needs at least one index")
+            tensors = stack_samples(
+                [self.datasets[d][s] for d, s in zip(dataset_ids.tolist(), sample_ids.tolist())]
+            )
+            if pin_memory:
+                tensors = {key: value.pin_memory() for key, value in tensors.items()}
+        dataset_id = torch.from_numpy(np.ascontiguousarray(dataset_ids))
+        if pin_memory:
+            dataset_id = dataset_id.pin_memory()
+        return {"dataset_id": dataset_id, **tensors}
