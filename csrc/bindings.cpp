@@ -345,6 +345,74 @@ py::tuple plan_packing(const py::array& lengths_array, int64_t row_length, int64
                         plan.inserted_bos);
 }
 
+void gather_packed_rows(const py::array& entries_array, const py::array& row_offsets_array,
+                        const py::array& rows_array, const py::array& pointers_array,
+                        const py::array& lengths_array, const py::array& tokens_array,
+                        int64_t row_length, int64_t max_pieces_per_row, int64_t bos, int64_t pad,
+                        int64_t ignore, bool reset_positions, py::array input_ids,
+                        py::array labels, py::array position_ids, py::array doc_ids,
+                        py::array cu_seqlens) {
+  auto entries = input_span<int64_t>(entries_array, "entries");
+  auto row_offsets = input_span<int64_t>(row_offsets_array, "row_offsets");
+  auto rows = input_span<int64_t>(rows_array, "rows");
+  auto pointers = input_span<int64_t>(pointers_array, "sequence_pointers");
+  auto lengths = input_span<int32_t>(lengths_array, "sequence_lengths");
+  if (pointers.size() != lengths.size()) {
+    fail_value("sequence_pointers and sequence_lengths must have the same length");
+  }
+  if (row_length < 1 || max_pieces_per_row < 1) fail_value("row_length and max_pieces_per_row must be >= 1");
+  const auto batch = static_cast<int64_t>(rows.size());
+  auto check = [&](const py::array& array, int64_t width, const char* name) {
+    if (array.ndim() != 2 || array.shape(0) != batch || array.shape(1) != width) {
+      fail_value(std::string(name) + " must have shape [" + std::to_string(batch) + ", " +
+                 std::to_string(width) + "]");
+    }
+  };
+  check(input_ids, row_length, "input_ids");
+  check(labels, row_length, "labels");
+  check(position_ids, row_length, "position_ids");
+  check(doc_ids, row_length, "doc_ids");
+  check(cu_seqlens, max_pieces_per_row + 1, "cu_seqlens");
+  tokenmill::PackedRowOptions options;
+  options.row_length = row_length;
+  options.max_pieces_per_row = max_pieces_per_row;
+  options.bos = bos;
+  options.pad = pad;
+  options.ignore = ignore;
+  options.reset_positions = reset_positions;
+  auto ids = output_span<int64_t>(input_ids, "input_ids");
+  auto targets = output_span<int64_t>(labels, "labels");
+  auto positions = output_span<int64_t>(position_ids, "position_ids");
+  auto documents = output_span<int32_t>(doc_ids, "doc_ids");
+  auto bounds = output_span<int32_t>(cu_seqlens, "cu_seqlens");
+  auto run = [&](auto token_span) {
+    try {
+      py::gil_scoped_release release;  // every buffer is owned by the caller for the call
+      tokenmill::gather_packed_rows(entries, row_offsets, rows, pointers, lengths, token_span,
+                                    options, ids, targets, positions, documents, bounds);
+    } catch (const std::out_of_range& error) {
+      throw py::index_error(error.what());
+    }
+  };
+  if (has_dtype<uint16_t>(tokens_array)) {
+    run(input_span<uint16_t>(tokens_array, "tokens"));
+  } else if (has_dtype<int32_t>(tokens_array)) {
+    run(input_span<int32_t>(tokens_array, "tokens"));
+  } else if (has_dtype<uint8_t>(tokens_array)) {
+    run(input_span<uint8_t>(tokens_array, "tokens"));
+  } else if (has_dtype<int8_t>(tokens_array)) {
+    run(input_span<int8_t>(tokens_array, "tokens"));
+  } else if (has_dtype<int16_t>(tokens_array)) {
+    run(input_span<int16_t>(tokens_array, "tokens"));
+  } else if (has_dtype<uint32_t>(tokens_array)) {
+    run(input_span<uint32_t>(tokens_array, "tokens"));
+  } else if (has_dtype<int64_t>(tokens_array)) {
+    run(input_span<int64_t>(tokens_array, "tokens"));
+  } else {
+    throw py::type_error("tokens must have an integer dtype, got " + dtype_name(tokens_array));
+  }
+}
+
 // ---- sample gathering (GPTDataset.__getitem__ / __getitems__) ------------------------------
 
 // A dataset's index arrays and token buffer, checked once, kept alive for the gathers.
@@ -707,6 +775,13 @@ PYBIND11_MODULE(_core, m, py::mod_gil_not_used()) {
         "max_pieces_per_row"_a, "window"_a, "max_open_rows"_a, "segment"_a, "bos_aligned"_a,
         "num_threads"_a = 1,
         "Packing plan: (entries [E, 5] int64, row_offsets [R + 1] int64, padding, inserted_bos).");
+  m.def("gather_packed_rows", &gather_packed_rows, "entries"_a.noconvert(),
+        "row_offsets"_a.noconvert(), "rows"_a.noconvert(), "sequence_pointers"_a.noconvert(),
+        "sequence_lengths"_a.noconvert(), "tokens"_a.noconvert(), "row_length"_a,
+        "max_pieces_per_row"_a, "bos"_a, "pad"_a, "ignore"_a, "reset_positions"_a,
+        "input_ids"_a.noconvert(), "labels"_a.noconvert(), "position_ids"_a.noconvert(),
+        "doc_ids"_a.noconvert(), "cu_seqlens"_a.noconvert(),
+        "Fill packed rows (input_ids, labels, position_ids, doc_ids, cu_seqlens) of a plan.");
   register_token_scan(m);  // token scan block above
 
   py::class_<Gatherer>(m, "Gatherer",

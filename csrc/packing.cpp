@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <numeric>
 #include <set>
+#include <stdexcept>
+#include <string>
 #include <thread>
 #include <tuple>
 #include <utility>
@@ -209,5 +211,100 @@ PackingPlan plan_packing(std::span<const int32_t> lengths, const PackingOptions&
   }
   return plan;
 }
+
+template <typename TokenT>
+void gather_packed_rows(std::span<const int64_t> entries, std::span<const int64_t> row_offsets,
+                        std::span<const int64_t> rows, std::span<const int64_t> pointers,
+                        std::span<const int32_t> lengths, std::span<const TokenT> tokens,
+                        const PackedRowOptions& options, std::span<int64_t> input_ids,
+                        std::span<int64_t> labels, std::span<int64_t> position_ids,
+                        std::span<int32_t> doc_ids, std::span<int32_t> cu_seqlens) {
+  const int64_t length = options.row_length;
+  const int64_t slots = options.max_pieces_per_row + 1;
+  const auto num_rows = static_cast<int64_t>(row_offsets.size()) - 1;
+  const auto documents = static_cast<int64_t>(lengths.size());
+  const auto available_tokens = static_cast<int64_t>(tokens.size());
+  for (size_t b = 0; b < rows.size(); ++b) {
+    const int64_t row = rows[b];
+    if (row < 0 || row >= num_rows) {
+      throw std::out_of_range("packing plan row " + std::to_string(row) + " is out of range");
+    }
+    int64_t* ids = input_ids.data() + static_cast<int64_t>(b) * length;
+    int64_t* targets = labels.data() + static_cast<int64_t>(b) * length;
+    int64_t* positions = position_ids.data() + static_cast<int64_t>(b) * length;
+    int32_t* pieces_of = doc_ids.data() + static_cast<int64_t>(b) * length;
+    int32_t* bounds = cu_seqlens.data() + static_cast<int64_t>(b) * slots;
+    const int64_t begin = row_offsets[static_cast<size_t>(row)];
+    const int64_t end = row_offsets[static_cast<size_t>(row) + 1];
+    if (end - begin > options.max_pieces_per_row || begin < 0 || end < begin ||
+        end * 5 > static_cast<int64_t>(entries.size())) {
+      throw std::out_of_range("packing plan row " + std::to_string(row) + " is inconsistent");
+    }
+    int64_t position = 0;
+    int64_t last_start = 0;
+    for (int64_t e = begin; e < end; ++e) {
+      const int64_t* entry = entries.data() + e * 5;
+      const int64_t document = entry[0], offset = entry[1], size = entry[2], masked = entry[3];
+      const bool inserted = (entry[4] & kInsertedBos) != 0;
+      const int64_t number = e - begin;
+      if (document < 0 || document >= documents || offset < 0 || size < 0 ||
+          offset + size > lengths[static_cast<size_t>(document)] ||
+          position + size + (inserted ? 1 : 0) > length) {
+        throw std::out_of_range("packing plan entry " + std::to_string(e) +
+                                " points outside its document or row");
+      }
+      const int64_t first = pointers[static_cast<size_t>(document)] /
+                            static_cast<int64_t>(sizeof(TokenT));
+      const int64_t document_length = lengths[static_cast<size_t>(document)];
+      if (first < 0 || first + document_length > available_tokens) {
+        throw std::out_of_range("document " + std::to_string(document) + " lies outside the .bin");
+      }
+      const int64_t start = position;
+      bounds[number] = static_cast<int32_t>(start);
+      last_start = start;
+      if (inserted) {
+        ids[position] = options.bos;
+        targets[position] = options.ignore;
+        ++position;
+      }
+      const TokenT* source = tokens.data() + first + offset;
+      for (int64_t j = 0; j < size; ++j) {
+        ids[position + j] = static_cast<int64_t>(source[j]);
+        targets[position + j] = (j < masked || offset + j + 1 >= document_length)
+                                    ? options.ignore
+                                    : static_cast<int64_t>(source[j + 1]);
+      }
+      position += size;
+      for (int64_t p = start; p < position; ++p) {
+        pieces_of[p] = static_cast<int32_t>(number);
+        positions[p] = options.reset_positions ? p - start : p;
+      }
+    }
+    const int64_t pieces = end - begin;
+    for (int64_t p = position; p < length; ++p) {
+      ids[p] = options.pad;
+      targets[p] = options.ignore;
+      pieces_of[p] = static_cast<int32_t>(pieces > 0 ? pieces - 1 : 0);
+      positions[p] = (options.reset_positions && pieces > 0) ? p - last_start : p;
+    }
+    for (int64_t slot = pieces; slot < slots; ++slot) bounds[slot] = static_cast<int32_t>(length);
+    bounds[0] = 0;
+  }
+}
+
+#define TOKENMILL_PACKED_GATHER(T)                                                          \
+  template void gather_packed_rows<T>(                                                      \
+      std::span<const int64_t>, std::span<const int64_t>, std::span<const int64_t>,         \
+      std::span<const int64_t>, std::span<const int32_t>, std::span<const T>,               \
+      const PackedRowOptions&, std::span<int64_t>, std::span<int64_t>, std::span<int64_t>,  \
+      std::span<int32_t>, std::span<int32_t>);
+TOKENMILL_PACKED_GATHER(uint8_t)
+TOKENMILL_PACKED_GATHER(int8_t)
+TOKENMILL_PACKED_GATHER(int16_t)
+TOKENMILL_PACKED_GATHER(uint16_t)
+TOKENMILL_PACKED_GATHER(int32_t)
+TOKENMILL_PACKED_GATHER(uint32_t)
+TOKENMILL_PACKED_GATHER(int64_t)
+#undef TOKENMILL_PACKED_GATHER
 
 }  // namespace tokenmill

@@ -57,4 +57,25 @@ struct PackingOptions {
 // The plan for documents with `lengths` (in the order they should be consumed).
 PackingPlan plan_packing(std::span<const int32_t> lengths, const PackingOptions& options);
 
+struct PackedRowOptions {
+  int64_t row_length = 0;
+  int64_t max_pieces_per_row = 64;
+  int64_t bos = 0;
+  int64_t pad = 0;
+  int64_t ignore = -100;
+  bool reset_positions = true;
+};
+
+// Rows of a plan as training tensors, [rows.size(), row_length] each (cu_seqlens:
+// [rows.size(), max_pieces_per_row + 1]); see python/tokenmill/datasets/packed.py for the
+// meaning of every output. `pointers` are byte offsets of the documents in `tokens` (the whole
+// .bin). Throws std::out_of_range when a plan entry points outside its document or the .bin.
+template <typename TokenT>
+void gather_packed_rows(std::span<const int64_t> entries, std::span<const int64_t> row_offsets,
+                        std::span<const int64_t> rows, std::span<const int64_t> pointers,
+                        std::span<const int32_t> lengths, std::span<const TokenT> tokens,
+                        const PackedRowOptions& options, std::span<int64_t> input_ids,
+                        std::span<int64_t> labels, std::span<int64_t> position_ids,
+                        std::span<int32_t> doc_ids, std::span<int32_t> cu_seqlens);
+
 }  // namespace tokenmill

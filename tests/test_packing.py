@@ -362,3 +362,43 @@ def test_inspect_reports_packing(tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert packing["rows"] == len(PackedDataset(IndexedDataset(prefix), PackingConfig(256)))
     assert main(["inspect", prefix, "--packing"]) == 2
     assert "--packing needs --sequence-length" in capsys.readouterr().err
+
+
+@given(seed=st.integers(0, 500), bos_aligned=st.booleans(), reset=st.booleans())
+def test_cpp_gather_equals_the_python_rows(
+    tmp_path_factory: pytest.TempPathFactory, seed: int, bos_aligned: bool, reset: bool
+) -> None:
+    rng = np.random.default_rng(seed)
+    dtype = [np.uint16, np.int32, np.int64, np.uint8][seed % 4]
+    documents = [[1, *(2 + t % 200 for t in d)] for d in random_documents(rng, 30, 90)]
+    path = write_megatron_shard(tmp_path_factory.mktemp("gather") / "c", documents, dtype=dtype)
+    config = PackingConfig(
+        sequence_length=40,
+        seed=seed,
+        bos_aligned=bos_aligned,
+        bos_token_id=1,
+        window_overlap=0 if bos_aligned else 6,
+        max_documents_per_row=5,
+        reset_position_ids=reset,
+        pad_token_id=3,
+    )
+    dataset = PackedDataset(IndexedDataset(path), config)
+    assert dataset._native_source() is not None
+    indices = list(range(len(dataset)))
+    batch = dataset.__getitems__(indices)
+    for slot, idx in enumerate(indices):
+        expected = dataset._row_arrays(idx)
+        for key, value in expected.items():
+            np.testing.assert_array_equal(batch[key][slot].numpy(), value, err_msg=key)
+
+
+def test_gather_checks_indices_and_plans(tmp_path: Path) -> None:
+    path = shard_with(tmp_path, [[1, 2, 0], [3, 0], [4, 5, 6, 0]])
+    dataset = PackedDataset(IndexedDataset(path), PackingConfig(sequence_length=4))
+    with pytest.raises(IndexError, match="out of range"):
+        dataset.__getitems__([0, len(dataset) + 3])
+    assert torch.equal(dataset[-1]["input_ids"], dataset[len(dataset) - 1]["input_ids"])
+    dataset.entries = dataset.entries.copy()
+    dataset.entries[:, 2] = 99  # a corrupt plan: pieces longer than their documents
+    with pytest.raises(IndexError, match="points outside its document"):
+        dataset[0]

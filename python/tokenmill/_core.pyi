@@ -96,3 +96,23 @@ class Gatherer:
         cu_seqlens: npt.NDArray[np.int32] | None,
         max_seqlen: npt.NDArray[np.int32] | None,
     ) -> None: ...
+
+def gather_packed_rows(
+    entries: npt.NDArray[np.int64],
+    row_offsets: npt.NDArray[np.int64],
+    rows: npt.NDArray[np.int64],
+    sequence_pointers: npt.NDArray[np.int64],
+    sequence_lengths: npt.NDArray[np.int32],
+    tokens: npt.NDArray[np.integer],
+    row_length: int,
+    max_pieces_per_row: int,
+    bos: int,
+    pad: int,
+    ignore: int,
+    reset_positions: bool,
+    input_ids: npt.NDArray[np.int64],
+    labels: npt.NDArray[np.int64],
+    position_ids: npt.NDArray[np.int64],
+    doc_ids: npt.NDArray[np.int32],
+    cu_seqlens: npt.NDArray[np.int32],
+) -> None: ...

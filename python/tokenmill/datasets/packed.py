@@ -325,6 +325,7 @@ class PackedDataset:
             last_start = int(cu_seqlens[pieces - 1])
             positions[position:] = np.arange(position - last_start, length - last_start)
         cu_seqlens[pieces:] = length
+        cu_seqlens[0] = 0
         if config.bos_aligned and input_ids[0] != config.bos_token_id:
             raise DataFormatError(
                 f"{self.dataset_path}: row {idx} starts with token {int(input_ids[0])}, not the BOS "
@@ -338,21 +339,72 @@ class PackedDataset:
             "cu_seqlens": cu_seqlens,
         }
 
+    def _native_source(self) -> tuple[Any, Any, Any] | None:
+        """(pointers, lengths, tokens) of a memory-mapped IndexedDataset, for the C++ gather."""
+        tokens = getattr(self.dataset, "_tokens", None)
+        pointers = getattr(self.dataset, "sequence_pointers", None)
+        if tokens is None or pointers is None or tokens.dtype.kind not in "iu":
+            return None
+        if tokens.dtype == np.uint64 or getattr(self.dataset, "multimodal", False):
+            return None
+        lengths = np.asarray(self.dataset.sequence_lengths)
+        return np.asarray(pointers), lengths, tokens
+
+    def _gather(self, indices: npt.NDArray[np.int64]) -> dict[str, npt.NDArray[Any]]:
+        """Rows `indices` as [B, ...] arrays: one C++ call for mapped Megatron data."""
+        count = len(self)
+        if indices.size and (indices.min() < -count or indices.max() >= count):
+            bad = int(indices[(indices < -count) | (indices >= count)][0])
+            raise IndexError(f"row {bad} is out of range for {count} rows")
+        indices = indices % count if count else indices
+        native = self._native_source()
+        if native is None:
+            rows = [self._row_arrays(int(i)) for i in indices]
+            return {key: np.stack([row[key] for row in rows]) for key in rows[0]}
+        config = self.config
+        batch, length = int(indices.shape[0]), config.sequence_length
+        outputs: dict[str, npt.NDArray[Any]] = {
+            "input_ids": np.empty((batch, length), dtype=np.int64),
+            "labels": np.empty((batch, length), dtype=np.int64),
+            "position_ids": np.empty((batch, length), dtype=np.int64),
+            "doc_ids": np.empty((batch, length), dtype=np.int32),
+            "cu_seqlens": np.empty((batch, config.max_documents_per_row + 1), dtype=np.int32),
+        }
+        pointers, lengths, tokens = native
+        _core.gather_packed_rows(
+            np.ascontiguousarray(self.entries),
+            np.ascontiguousarray(self.row_offsets),
+            np.ascontiguousarray(self.row_order[indices], dtype=np.int64),
+            pointers,
+            lengths,
+            tokens,
+            length,
+            config.max_documents_per_row,
+            -1 if config.bos_token_id is None else config.bos_token_id,
+            config.pad_token_id,
+            config.label_ignore_index,
+            config.reset_position_ids,
+            **outputs,
+        )
+        if config.bos_aligned:
+            bad_rows = np.flatnonzero(outputs["input_ids"][:, 0] != config.bos_token_id)
+            if bad_rows.size:
+                self._row_arrays(int(indices[bad_rows[0]]))  # raises the DataFormatError
+        return outputs
+
     def __getitem__(self, idx: int) -> dict[str, torch.Tensor]:
         import torch
 
-        if not -len(self) <= idx < len(self):
-            raise IndexError(f"row {idx} is out of range for {len(self)} rows")
-        return {
-            key: torch.from_numpy(value) for key, value in self._row_arrays(idx % len(self)).items()
-        }
+        batch = self._gather(np.array([idx], dtype=np.int64))
+        return {key: torch.from_numpy(value[0]) for key, value in batch.items()}
 
     def __getitems__(self, indices: list[int]) -> dict[str, torch.Tensor]:
-        """A whole batch as stacked tensors (the DataLoader batched-fetch protocol)."""
+        """A whole batch as stacked tensors (the DataLoader batched-fetch protocol): one C++
+        gather into [B, ...] arrays, no per-row tensors (pass `collate_fn=lambda b: b`)."""
         import torch
 
-        rows = [self._row_arrays(int(i)) for i in indices]
-        return {key: torch.from_numpy(np.stack([row[key] for row in rows])) for key in rows[0]}
+        batch = self._gather(np.asarray(indices, dtype=np.int64))
+        return {key: torch.from_numpy(value) for key, value in batch.items()}
 
 
 def _digest(values: npt.NDArray[Any]) -> str:
