@@ -42,8 +42,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdio>
-#include <cstdlib>
 #include <functional>
 #include <limits>
 #include <utility>
@@ -443,7 +441,8 @@ inline __m512d max_range(const __m512d* k) {
 // off that chain.
 template <int NV, typename IndexT>
 size_t decide_block(const double* w, double* c, double* count, const int32_t* member, double L,
-                    size_t begin, size_t end, IndexT* ids, int64_t* positions, double& lowest) {
+                    size_t begin, size_t end, IndexT* ids, int64_t* positions, double& lowest,
+                    bool ordered) {
   __m512d weight[NV];
   __m512d cnt[NV];
   for (int j = 0; j < NV; ++j) {
@@ -452,27 +451,60 @@ size_t decide_block(const double* w, double* c, double* count, const int32_t* me
   }
   const __m512d one = _mm512_set1_pd(1.0);
   __m512d low = _mm512_set1_pd(lowest);
+  // The previous sample's winner (one-hot; none before the first sample).
+  __mmask8 last[NV];
+  for (int j = 0; j < NV; ++j) last[j] = 0;
   size_t i = begin;
   for (; i < end; ++i) {
     const __m512d t = _mm512_set1_pd(static_cast<double>(i > 1 ? i : 1));
+    // Keys with the counts before the previous sample, and with one more: both exact keys
+    // computed without waiting for the previous decision, which only picks, per lane, which of
+    // the two is current (counts are integers below 2^53, so count + 1 is exact).
     __m512d k[NV];
-    for (int j = 0; j < NV; ++j) k[j] = _mm512_sub_pd(_mm512_mul_pd(weight[j], t), cnt[j]);
+    for (int j = 0; j < NV; ++j) {
+      const __m512d product = _mm512_mul_pd(weight[j], t);
+      const __m512d plus = _mm512_add_pd(cnt[j], one);
+      k[j] = _mm512_mask_blend_pd(last[j], _mm512_sub_pd(product, cnt[j]),
+                                  _mm512_sub_pd(product, plus));
+      cnt[j] = _mm512_mask_blend_pd(last[j], cnt[j], plus);
+    }
     __m512d m = max_range<0, NV>(k);
     m = _mm512_max_pd(m, _mm512_shuffle_f64x2(m, m, 0x4E));
     m = _mm512_max_pd(m, _mm512_shuffle_f64x2(m, m, 0xB1));
     m = _mm512_max_pd(m, _mm512_permute_pd(m, 0x55));
     __mmask8 hit[NV];
-    uint64_t bits = 0;
+    uint64_t bits = 0;  // slots 0-63
+    uint64_t high = 0;  // slots 64-95
     for (int j = 0; j < NV; ++j) {
       hit[j] = _mm512_cmp_pd_mask(k[j], m, _CMP_EQ_OQ);
-      bits |= static_cast<uint64_t>(hit[j]) << (8 * j);
+      if (j < 8) {
+        bits |= static_cast<uint64_t>(hit[j]) << (8 * (j & 7));
+      } else {
+        high |= static_cast<uint64_t>(hit[j]) << (8 * (j & 7));
+      }
     }
     const double best = _mm512_cvtsd_f64(m);
-    if (__builtin_expect(!(best >= L) || !(best > -kNever) || (bits & (bits - 1)) != 0, 0)) {
-      break;
+    // Exactly one slot: a power of two in one of the two words, zero in the other.
+    const uint64_t either = bits | high;
+    if (__builtin_expect(!(best >= L) || !(best > -kNever) || (either & (either - 1)) != 0 ||
+                             (bits != 0 && high != 0),
+                         0)) {
+      // Equal largest keys in several slots: when slots are in dataset order the first slot is
+      // megatron's choice; otherwise the caller decides.
+      if (!ordered || !(best >= L) || !(best > -kNever)) break;
+      if (bits != 0) {
+        bits &= ~bits + 1;
+        high = 0;
+      } else {
+        high &= ~high + 1;
+      }
+      for (int j = 0; j < NV; ++j) {
+        hit[j] = static_cast<__mmask8>(j < 8 ? bits >> (8 * (j & 7)) : high >> (8 * (j & 7)));
+      }
     }
-    for (int j = 0; j < NV; ++j) cnt[j] = _mm512_mask_add_pd(cnt[j], hit[j], cnt[j], one);
-    const auto slot = static_cast<size_t>(__builtin_ctzll(bits));
+    for (int j = 0; j < NV; ++j) last[j] = hit[j];
+    const auto slot = bits != 0 ? static_cast<size_t>(__builtin_ctzll(bits))
+                                : 64 + static_cast<size_t>(__builtin_ctzll(high));
     const auto d = static_cast<size_t>(member[slot]);
     const double before = c[slot];
     ids[i] = static_cast<IndexT>(d);
@@ -485,31 +517,51 @@ size_t decide_block(const double* w, double* c, double* count, const int32_t* me
   return i;
 }
 
-// decide_block for the smallest NV that covers `slots` (1 to 64 slots).
+// decide_block for the smallest NV that covers `slots` (1 to kDecideMaxSlots slots).
 template <typename IndexT>
 size_t decide(size_t slots, const double* w, double* c, double* count, const int32_t* member,
               double L, size_t begin, size_t end, IndexT* ids, int64_t* positions,
-              double& lowest) {
+              double& lowest, bool ordered) {
   switch ((slots + 7) / 8) {
     case 1:
-      return decide_block<1>(w, c, count, member, L, begin, end, ids, positions, lowest);
+      return decide_block<1>(w, c, count, member, L, begin, end, ids, positions, lowest,
+                              ordered);
     case 2:
-      return decide_block<2>(w, c, count, member, L, begin, end, ids, positions, lowest);
+      return decide_block<2>(w, c, count, member, L, begin, end, ids, positions, lowest,
+                              ordered);
     case 3:
-      return decide_block<3>(w, c, count, member, L, begin, end, ids, positions, lowest);
+      return decide_block<3>(w, c, count, member, L, begin, end, ids, positions, lowest,
+                              ordered);
     case 4:
-      return decide_block<4>(w, c, count, member, L, begin, end, ids, positions, lowest);
+      return decide_block<4>(w, c, count, member, L, begin, end, ids, positions, lowest,
+                              ordered);
     case 5:
-      return decide_block<5>(w, c, count, member, L, begin, end, ids, positions, lowest);
+      return decide_block<5>(w, c, count, member, L, begin, end, ids, positions, lowest,
+                              ordered);
     case 6:
-      return decide_block<6>(w, c, count, member, L, begin, end, ids, positions, lowest);
+      return decide_block<6>(w, c, count, member, L, begin, end, ids, positions, lowest,
+                              ordered);
     case 7:
-      return decide_block<7>(w, c, count, member, L, begin, end, ids, positions, lowest);
+      return decide_block<7>(w, c, count, member, L, begin, end, ids, positions, lowest,
+                              ordered);
+    case 8:
+      return decide_block<8>(w, c, count, member, L, begin, end, ids, positions, lowest,
+                              ordered);
+    case 9:
+      return decide_block<9>(w, c, count, member, L, begin, end, ids, positions, lowest,
+                              ordered);
+    case 10:
+      return decide_block<10>(w, c, count, member, L, begin, end, ids, positions, lowest,
+                              ordered);
+    case 11:
+      return decide_block<11>(w, c, count, member, L, begin, end, ids, positions, lowest,
+                              ordered);
     default:
-      return decide_block<8>(w, c, count, member, L, begin, end, ids, positions, lowest);
+      return decide_block<12>(w, c, count, member, L, begin, end, ids, positions, lowest,
+                              ordered);
   }
 }
-constexpr size_t kDecideMaxSlots = 64;
+constexpr size_t kDecideMaxSlots = 96;
 
 #define TOKENMILL_BLEND_FAST 1
 #include "blending_active.inc"
@@ -537,7 +589,7 @@ void register_scan(std::span<const double> weights, std::span<IndexT> ids,
   double lowest = kNever;
   for (size_t i = 0; i < ids.size();) {
     i = decide(n, w.data()->v, counts, counts, member.data(), -kNever, i, ids.size(), ids.data(),
-               positions.data(), lowest);
+               positions.data(), lowest, true);
     if (i == ids.size()) break;
     const size_t d = scan_first_max(w.data()->v, counts, w.size() * 8,
                                     static_cast<double>(std::max<size_t>(i, 1)));
