@@ -1,7 +1,9 @@
-// Blending kernels: megatron-core's greedy rule. Three exact kernels: a plain scan (below
-// kActiveMinDatasets datasets, or when keys could overflow), the active set with a re-entry
-// calendar (the default; see "The active set" below and blending_active.inc), and the kinetic
-// tournament tree described here, which takes over from the active set when that stays large.
+// Blending kernels: megatron-core's greedy rule. Exact kernels: a plain scan (below
+// kActiveMinDatasets datasets, or when keys could overflow), its AVX-512 register version (greedy,
+// below kActiveMinDatasets, on CPUs with AVX-512: see decide_block()), the active set with a
+// re-entry calendar (the default; see "The active set" below and blending_active.inc; with
+// AVX-512 it decides whole blocks of samples in registers), and the kinetic tournament tree
+// described here, which takes over from the active set when that stays large.
 //
 // The rule (blending.hpp): at sample i with t = max(i, 1), pick the first dataset with the
 // strictly largest key(d, t) = fl(fl(w[d] * t) - count[d]). Megatron scans all n datasets per
@@ -312,6 +314,15 @@ class Scan {
 // Decisions are taken only by comparing exact keys fl(fl(w * t) - c); L, tau and the margin only
 // decide which datasets are looked at. Costs: |A| keys per sample (A scanned as contiguous
 // struct-of-arrays with SSE2, or AVX2 when the CPU has it), plus O(1) calendar work per sample.
+//
+// With AVX-512 and greedy blending, samples go in blocks of 2^shift_ (32) samples, which are also
+// the calendar's buckets: at a block's start everything due in the block enters A, so every
+// dataset outside A has key < L during the whole block, and decide_block() decides the block's
+// samples with A held in registers (weights, counts; up to kDecideMaxSlots slots). Winners stay in
+// A until the block ends (their keys only fell: harmless). At the block's end compact() evicts
+// every member below L, eight lanes at a time (re-entry times computed as vectors), and compresses
+// A in place. A sample the kernel cannot prove (largest key in A below L, or equal largest keys
+// in several slots) goes through the per-sample step, as without AVX-512.
 // By Little's law |A| is about n x (mean winning key - L), a few dozen at n = 1000. Equal weights
 // have a winning band as wide as [0, 1), so A holds about half of the datasets: there, above
 // kScanMaxDatasets datasets, the kernel hands over to the tree once A stays large.
@@ -428,17 +439,21 @@ inline __m512d max_range(const __m512d* k) {
 // +inf, so key -inf) hold the datasets `member[slot]`; every dataset not among them has key < L
 // at every sample in [begin, end). Decides samples begin, begin + 1, ... while each is provably
 // megatron's choice, and returns the first sample it did not decide (end, or a sample whose
-// largest key is < L or held by several slots: the caller decides that one).
+// largest key is < L: the caller decides that one).
 //
 // Per sample, the keys of all slots are computed exactly as key() does (rounded product, then
 // rounded difference) from weights and counts held in registers; their maximum is broadcast to
-// every lane and compared for equality. If exactly one slot holds it and it is >= L, that slot
-// is the only dataset with the largest key anywhere, so it is megatron's choice whatever the
-// index order. The equality mask is then exactly the one-hot mask of the winner, and its count
-// is incremented in the register by a masked add: the next sample depends on this sample only
-// through register operations (sub, max tree, three shuffles, compare, masked add). The slot
-// number, the outputs and the counts in memory (`c[slot]`, `count[member[slot]]`) are computed
-// off that chain.
+// every lane and compared for equality. If it is >= L, every dataset holding it is in A. If
+// exactly one slot holds it, that slot is megatron's choice whatever the index order, and the
+// equality mask is exactly the winner's one-hot mask. Otherwise (equal keys, rare except for
+// equal weights) the lowest dataset among the slots holding it wins: the first such slot when
+// `ordered` (slots in dataset order), else the one with the lowest `member`.
+//
+// The next sample depends on this one only through that mask: its keys are computed both with
+// the current counts and with one more (both exact, independent of the decision), and the mask
+// selects per lane. The chain per sample is thus blend, max tree, three shuffles, compare. The
+// slot number, the outputs and the counts in memory (`c[slot]`, `count[member[slot]]`) are
+// computed off that chain.
 template <int NV, typename IndexT>
 size_t decide_block(const double* w, double* c, double* count, const int32_t* member, double L,
                     size_t begin, size_t end, IndexT* ids, int64_t* positions, double& lowest,
@@ -489,14 +504,35 @@ size_t decide_block(const double* w, double* c, double* count, const int32_t* me
     if (__builtin_expect(!(best >= L) || !(best > -kNever) || (either & (either - 1)) != 0 ||
                              (bits != 0 && high != 0),
                          0)) {
-      // Equal largest keys in several slots: when slots are in dataset order the first slot is
-      // megatron's choice; otherwise the caller decides.
-      if (!ordered || !(best >= L) || !(best > -kNever)) break;
-      if (bits != 0) {
-        bits &= ~bits + 1;
-        high = 0;
+      if (!(best >= L) || !(best > -kNever)) break;
+      // Equal largest keys in several slots: megatron's choice is the lowest dataset among them,
+      // the first slot when slots are in dataset order.
+      if (ordered) {
+        if (bits != 0) {
+          bits &= ~bits + 1;
+          high = 0;
+        } else {
+          high &= ~high + 1;
+        }
       } else {
-        high &= ~high + 1;
+        size_t chosen = 0;
+        int32_t lowest_id = std::numeric_limits<int32_t>::max();
+        for (uint64_t rest = bits; rest != 0; rest &= rest - 1) {
+          const auto at = static_cast<size_t>(__builtin_ctzll(rest));
+          if (member[at] < lowest_id) {
+            lowest_id = member[at];
+            chosen = at;
+          }
+        }
+        for (uint64_t rest = high; rest != 0; rest &= rest - 1) {
+          const auto at = 64 + static_cast<size_t>(__builtin_ctzll(rest));
+          if (member[at] < lowest_id) {
+            lowest_id = member[at];
+            chosen = at;
+          }
+        }
+        bits = chosen < 64 ? uint64_t{1} << chosen : 0;
+        high = chosen < 64 ? 0 : uint64_t{1} << (chosen - 64);
       }
       for (int j = 0; j < NV; ++j) {
         hit[j] = static_cast<__mmask8>(j < 8 ? bits >> (8 * (j & 7)) : high >> (8 * (j & 7)));
