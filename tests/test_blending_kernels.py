@@ -456,12 +456,15 @@ def test_active_set_exhaustive_matches_scan(n: int) -> None:
     size=st.integers(0, 3000),
     window=st.integers(1, 64),
     margin=st.sampled_from([0.0, 1e-12, 0.01, 0.3]),
+    block=st.sampled_from([0, 1, 4, 32, 256]),
 )
-def test_active_set_property(weights: list[float], size: int, window: int, margin: float) -> None:
+def test_active_set_property(
+    weights: list[float], size: int, window: int, margin: float, block: int
+) -> None:
     array = np.asarray(weights)
     expected = blend_with(array, size, path="scan")
-    for path in ("active", "active-baseline"):
-        got = blend_with(array, size, path=path, window=window, margin=margin)
+    for path in ("active", "active-avx2", "active-baseline"):
+        got = blend_with(array, size, path=path, window=window, margin=margin, block=block)
         np.testing.assert_array_equal(got[0], expected[0])
         np.testing.assert_array_equal(got[1], expected[1])
 
