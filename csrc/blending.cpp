@@ -1,7 +1,9 @@
-// Blending kernels: megatron-core's greedy rule. Three exact kernels: a plain scan (below
-// kActiveMinDatasets datasets, or when keys could overflow), the active set with a re-entry
-// calendar (the default; see "The active set" below and blending_active.inc), and the kinetic
-// tournament tree described here, which takes over from the active set when that stays large.
+// Blending kernels: megatron-core's greedy rule. Exact kernels: a plain scan (below
+// kActiveMinDatasets datasets, or when keys could overflow), its AVX-512 register version (greedy,
+// below kActiveMinDatasets, on CPUs with AVX-512: see decide_block()), the active set with a
+// re-entry calendar (the default; see "The active set" below and blending_active.inc; with
+// AVX-512 it decides whole blocks of samples in registers), and the kinetic tournament tree
+// described here, which takes over from the active set when that stays large.
 //
 // The rule (blending.hpp): at sample i with t = max(i, 1), pick the first dataset with the
 // strictly largest key(d, t) = fl(fl(w[d] * t) - count[d]). Megatron scans all n datasets per
@@ -312,6 +314,15 @@ class Scan {
 // Decisions are taken only by comparing exact keys fl(fl(w * t) - c); L, tau and the margin only
 // decide which datasets are looked at. Costs: |A| keys per sample (A scanned as contiguous
 // struct-of-arrays with SSE2, or AVX2 when the CPU has it), plus O(1) calendar work per sample.
+//
+// With AVX-512 and greedy blending, samples go in blocks of 2^shift_ (32) samples, which are also
+// the calendar's buckets: at a block's start everything due in the block enters A, so every
+// dataset outside A has key < L during the whole block, and decide_block() decides the block's
+// samples with A held in registers (weights, counts; up to kDecideMaxSlots slots). Winners stay in
+// A until the block ends (their keys only fell: harmless). At the block's end compact() evicts
+// every member below L, eight lanes at a time (re-entry times computed as vectors), and compresses
+// A in place. A sample the kernel cannot prove (largest key in A below L, or equal largest keys
+// in several slots) goes through the per-sample step, as without AVX-512.
 // By Little's law |A| is about n x (mean winning key - L), a few dozen at n = 1000. Equal weights
 // have a winning band as wide as [0, 1), so A holds about half of the datasets: there, above
 // kScanMaxDatasets datasets, the kernel hands over to the tree once A stays large.
@@ -383,9 +394,260 @@ struct Simd {
 }  // namespace avx2
 #pragma GCC pop_options
 
+// AVX-512: the same active set, plus the register kernel below that decides whole blocks of
+// samples without touching memory on the critical path.
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512dq,avx512bw,avx512vl")
+// GCC 12's AVX-512 intrinsics start from _mm512_undefined_pd(), which it then reports as
+// maybe-uninitialized (GCC bug 105593, fixed in GCC 13).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+namespace avx512 {
+struct Simd {
+  using V = __m512d;
+  static constexpr size_t kWidth = 8;
+  static V set1(double x) { return _mm512_set1_pd(x); }
+  static V max(V a, V b) { return _mm512_max_pd(a, b); }
+  static V keys(const double* w, const double* c, size_t k, V t) {
+    return _mm512_sub_pd(_mm512_mul_pd(_mm512_load_pd(w + k), t), _mm512_load_pd(c + k));
+  }
+  static uint32_t equal(V a, V b) { return _mm512_cmp_pd_mask(a, b, _CMP_EQ_OQ); }
+  static double hmax(V a) {
+    a = _mm512_max_pd(a, _mm512_shuffle_f64x2(a, a, 0x4E));
+    a = _mm512_max_pd(a, _mm512_shuffle_f64x2(a, a, 0xB1));
+    return _mm512_cvtsd_f64(_mm512_max_pd(a, _mm512_permute_pd(a, 0x55)));
+  }
+  static void set_lane(double* chunk, size_t lane, double value) {
+    _mm512_store_pd(chunk, _mm512_mask_mov_pd(_mm512_load_pd(chunk),
+                                              static_cast<__mmask8>(1u << lane),
+                                              _mm512_set1_pd(value)));
+  }
+};
+
+// The largest of keys [B, E), by a tree of vertical maxima (short dependency chain).
+template <int B, int E>
+inline __m512d max_range(const __m512d* k) {
+  if constexpr (E - B == 1) {
+    return k[B];
+  } else {
+    return _mm512_max_pd(max_range<B, (B + E) / 2>(k), max_range<(B + E) / 2, E>(k));
+  }
+}
+
+// The register kernel. Slots [0, 8 NV) of `w` / `c` (64-byte aligned; unused slots have count
+// +inf, so key -inf) hold the datasets `member[slot]`; every dataset not among them has key < L
+// at every sample in [begin, end). Decides samples begin, begin + 1, ... while each is provably
+// megatron's choice, and returns the first sample it did not decide (end, or a sample whose
+// largest key is < L: the caller decides that one).
+//
+// Per sample, the keys of all slots are computed exactly as key() does (rounded product, then
+// rounded difference) from weights and counts held in registers; their maximum is broadcast to
+// every lane and compared for equality. If it is >= L, every dataset holding it is in A. If
+// exactly one slot holds it, that slot is megatron's choice whatever the index order, and the
+// equality mask is exactly the winner's one-hot mask. Otherwise (equal keys, rare except for
+// equal weights) the lowest dataset among the slots holding it wins: the first such slot when
+// `ordered` (slots in dataset order), else the one with the lowest `member`.
+//
+// The next sample depends on this one only through that mask: its keys are computed both with
+// the current counts and with one more (both exact, independent of the decision), and the mask
+// selects per lane. The chain per sample is thus blend, max tree, three shuffles, compare. The
+// slot number, the outputs and the counts in memory (`c[slot]`, `count[member[slot]]`) are
+// computed off that chain.
+template <int NV, typename IndexT>
+size_t decide_block(const double* w, double* c, double* count, const int32_t* member, double L,
+                    size_t begin, size_t end, IndexT* ids, int64_t* positions, double& lowest,
+                    bool ordered) {
+  __m512d weight[NV];
+  __m512d cnt[NV];
+  for (int j = 0; j < NV; ++j) {
+    weight[j] = _mm512_load_pd(w + 8 * j);
+    cnt[j] = _mm512_load_pd(c + 8 * j);
+  }
+  const __m512d one = _mm512_set1_pd(1.0);
+  __m512d low = _mm512_set1_pd(lowest);
+  // The previous sample's winner (one-hot; none before the first sample).
+  __mmask8 last[NV];
+  for (int j = 0; j < NV; ++j) last[j] = 0;
+  size_t i = begin;
+  for (; i < end; ++i) {
+    const __m512d t = _mm512_set1_pd(static_cast<double>(i > 1 ? i : 1));
+    // Keys with the counts before the previous sample, and with one more: both exact keys
+    // computed without waiting for the previous decision, which only picks, per lane, which of
+    // the two is current (counts are integers below 2^53, so count + 1 is exact).
+    __m512d k[NV];
+    for (int j = 0; j < NV; ++j) {
+      const __m512d product = _mm512_mul_pd(weight[j], t);
+      const __m512d plus = _mm512_add_pd(cnt[j], one);
+      k[j] = _mm512_mask_blend_pd(last[j], _mm512_sub_pd(product, cnt[j]),
+                                  _mm512_sub_pd(product, plus));
+      cnt[j] = _mm512_mask_blend_pd(last[j], cnt[j], plus);
+    }
+    __m512d m = max_range<0, NV>(k);
+    m = _mm512_max_pd(m, _mm512_shuffle_f64x2(m, m, 0x4E));
+    m = _mm512_max_pd(m, _mm512_shuffle_f64x2(m, m, 0xB1));
+    m = _mm512_max_pd(m, _mm512_permute_pd(m, 0x55));
+    __mmask8 hit[NV];
+    uint64_t bits = 0;  // slots 0-63
+    uint64_t high = 0;  // slots 64-95
+    for (int j = 0; j < NV; ++j) {
+      hit[j] = _mm512_cmp_pd_mask(k[j], m, _CMP_EQ_OQ);
+      if (j < 8) {
+        bits |= static_cast<uint64_t>(hit[j]) << (8 * (j & 7));
+      } else {
+        high |= static_cast<uint64_t>(hit[j]) << (8 * (j & 7));
+      }
+    }
+    const double best = _mm512_cvtsd_f64(m);
+    // Exactly one slot: a power of two in one of the two words, zero in the other.
+    const uint64_t either = bits | high;
+    if (__builtin_expect(!(best >= L) || !(best > -kNever) || (either & (either - 1)) != 0 ||
+                             (bits != 0 && high != 0),
+                         0)) {
+      if (!(best >= L) || !(best > -kNever)) break;
+      // Equal largest keys in several slots: megatron's choice is the lowest dataset among them,
+      // the first slot when slots are in dataset order.
+      if (ordered) {
+        if (bits != 0) {
+          bits &= ~bits + 1;
+          high = 0;
+        } else {
+          high &= ~high + 1;
+        }
+      } else {
+        size_t chosen = 0;
+        int32_t lowest_id = std::numeric_limits<int32_t>::max();
+        for (uint64_t rest = bits; rest != 0; rest &= rest - 1) {
+          const auto at = static_cast<size_t>(__builtin_ctzll(rest));
+          if (member[at] < lowest_id) {
+            lowest_id = member[at];
+            chosen = at;
+          }
+        }
+        for (uint64_t rest = high; rest != 0; rest &= rest - 1) {
+          const auto at = 64 + static_cast<size_t>(__builtin_ctzll(rest));
+          if (member[at] < lowest_id) {
+            lowest_id = member[at];
+            chosen = at;
+          }
+        }
+        bits = chosen < 64 ? uint64_t{1} << chosen : 0;
+        high = chosen < 64 ? 0 : uint64_t{1} << (chosen - 64);
+      }
+      for (int j = 0; j < NV; ++j) {
+        hit[j] = static_cast<__mmask8>(j < 8 ? bits >> (8 * (j & 7)) : high >> (8 * (j & 7)));
+      }
+    }
+    for (int j = 0; j < NV; ++j) last[j] = hit[j];
+    const auto slot = bits != 0 ? static_cast<size_t>(__builtin_ctzll(bits))
+                                : 64 + static_cast<size_t>(__builtin_ctzll(high));
+    const auto d = static_cast<size_t>(member[slot]);
+    const double before = c[slot];
+    ids[i] = static_cast<IndexT>(d);
+    positions[i] = static_cast<int64_t>(before);
+    c[slot] = before + 1.0;
+    count[d] = before + 1.0;
+    low = _mm512_min_pd(low, m);
+  }
+  lowest = _mm512_cvtsd_f64(low);
+  return i;
+}
+
+// decide_block for the smallest NV that covers `slots` (1 to kDecideMaxSlots slots).
+template <typename IndexT>
+size_t decide(size_t slots, const double* w, double* c, double* count, const int32_t* member,
+              double L, size_t begin, size_t end, IndexT* ids, int64_t* positions,
+              double& lowest, bool ordered) {
+  switch ((slots + 7) / 8) {
+    case 1:
+      return decide_block<1>(w, c, count, member, L, begin, end, ids, positions, lowest,
+                              ordered);
+    case 2:
+      return decide_block<2>(w, c, count, member, L, begin, end, ids, positions, lowest,
+                              ordered);
+    case 3:
+      return decide_block<3>(w, c, count, member, L, begin, end, ids, positions, lowest,
+                              ordered);
+    case 4:
+      return decide_block<4>(w, c, count, member, L, begin, end, ids, positions, lowest,
+                              ordered);
+    case 5:
+      return decide_block<5>(w, c, count, member, L, begin, end, ids, positions, lowest,
+                              ordered);
+    case 6:
+      return decide_block<6>(w, c, count, member, L, begin, end, ids, positions, lowest,
+                              ordered);
+    case 7:
+      return decide_block<7>(w, c, count, member, L, begin, end, ids, positions, lowest,
+                              ordered);
+    case 8:
+      return decide_block<8>(w, c, count, member, L, begin, end, ids, positions, lowest,
+                              ordered);
+    case 9:
+      return decide_block<9>(w, c, count, member, L, begin, end, ids, positions, lowest,
+                              ordered);
+    case 10:
+      return decide_block<10>(w, c, count, member, L, begin, end, ids, positions, lowest,
+                              ordered);
+    case 11:
+      return decide_block<11>(w, c, count, member, L, begin, end, ids, positions, lowest,
+                              ordered);
+    default:
+      return decide_block<12>(w, c, count, member, L, begin, end, ids, positions, lowest,
+                              ordered);
+  }
+}
+constexpr size_t kDecideMaxSlots = 96;
+
+#define TOKENMILL_BLEND_FAST 1
+#include "blending_active.inc"
+#undef TOKENMILL_BLEND_FAST
+
+// Greedy blending of at most kDecideMaxSlots datasets by the register kernel alone (every
+// dataset is a slot, L = -inf). A sample it cannot decide (equal largest keys) takes the plain
+// scan, which picks the lowest index.
+template <typename IndexT>
+void register_scan(std::span<const double> weights, std::span<IndexT> ids,
+                   std::span<int64_t> positions) {
+  struct alignas(64) Chunk {
+    double v[8];
+  };
+  const size_t n = weights.size();
+  std::vector<Chunk> w((n + 7) / 8);
+  std::vector<Chunk> c((n + 7) / 8);
+  std::vector<int32_t> member(w.size() * 8);
+  for (size_t s = 0; s < w.size() * 8; ++s) {
+    w[s / 8].v[s % 8] = s < n ? weights[s] : 0.0;
+    c[s / 8].v[s % 8] = s < n ? 0.0 : kNever;
+    member[s] = static_cast<int32_t>(s);
+  }
+  double* const counts = c.data()->v;
+  double lowest = kNever;
+  for (size_t i = 0; i < ids.size();) {
+    i = decide(n, w.data()->v, counts, counts, member.data(), -kNever, i, ids.size(), ids.data(),
+               positions.data(), lowest, true);
+    if (i == ids.size()) break;
+    const size_t d = scan_first_max(w.data()->v, counts, w.size() * 8,
+                                    static_cast<double>(std::max<size_t>(i, 1)));
+    ids[i] = static_cast<IndexT>(d);
+    positions[i] = static_cast<int64_t>(counts[d]);
+    counts[d] += 1.0;
+    ++i;
+  }
+}
+}  // namespace avx512
+#pragma GCC diagnostic pop
+#pragma GCC pop_options
+
 bool has_avx2() {
   __builtin_cpu_init();
   return __builtin_cpu_supports("avx2");
+}
+
+bool has_avx512() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
+         __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
 }
 #else
 namespace portable {
@@ -489,11 +751,19 @@ void blend(std::span<const double> weights, std::span<const double> limits,
   const size_t samples = ids.size();
   std::vector<double> counts(n);
   for (size_t d = 0; d < n; ++d) counts[d] = limits[d] > 0.0 ? 0.0 : kNever;
+  const bool greedy = std::all_of(limits.begin(), limits.end(), [](double l) { return l == kNever; });
   Path path = options.path;
   if (path == Path::kAuto) {
-    path = n < kActiveMinDatasets ? Path::kScan : Path::kActive;
+    path = n < kActiveMinDatasets ? Path::kScanSimd : Path::kActive;
   }
   if (may_overflow(weights, samples)) path = Path::kScan;
+#ifdef TOKENMILL_BLEND_X86
+  if (path == Path::kScanSimd && greedy && n <= avx512::kDecideMaxSlots && has_avx512()) {
+    avx512::register_scan(weights, ids, positions);
+    return;
+  }
+#endif
+  if (path == Path::kScanSimd) path = Path::kScan;
   if (path == Path::kScan) {
     scan_from(weights, limits, std::move(counts), 0, ids, positions);
     return;
@@ -504,12 +774,17 @@ void blend(std::span<const double> weights, std::span<const double> limits,
   }
   const bool may_hand_over = options.path == Path::kAuto;
 #ifdef TOKENMILL_BLEND_X86
-  const size_t end =
-      has_avx2() && path != Path::kActiveBaseline
-          ? run_active<avx2::ActiveBlend>(weights, limits, options, ids, positions,
-                                                 may_hand_over, counts)
-          : run_active<sse2::ActiveBlend>(weights, limits, options, ids, positions,
-                                          may_hand_over, counts);
+  size_t end = 0;
+  if (path == Path::kActive && has_avx512()) {
+    end = run_active<avx512::ActiveBlend>(weights, limits, options, ids, positions, may_hand_over,
+                                          counts);
+  } else if (path != Path::kActiveBaseline && has_avx2()) {
+    end = run_active<avx2::ActiveBlend>(weights, limits, options, ids, positions, may_hand_over,
+                                        counts);
+  } else {
+    end = run_active<sse2::ActiveBlend>(weights, limits, options, ids, positions, may_hand_over,
+                                        counts);
+  }
 #else
   const size_t end = run_active<portable::ActiveBlend>(weights, limits, options, ids, positions,
                                                        may_hand_over, counts);

@@ -17,10 +17,14 @@ namespace tokenmill {
 // force a path (and a tiny margin, to force fallbacks) to exercise every branch. Every path gives
 // the same output.
 struct BlendingOptions {
-  enum class Path { kAuto, kScan, kActive, kActiveBaseline, kTree };  // baseline: no AVX2
+  // kActive: the best instruction set the CPU has (AVX-512, else AVX2, else SSE2);
+  // kActiveAvx2 / kActiveBaseline cap it at AVX2 / SSE2. kScanSimd: the register scan (AVX-512,
+  // greedy, at most 64 datasets; otherwise the plain scan).
+  enum class Path { kAuto, kScan, kScanSimd, kActive, kActiveAvx2, kActiveBaseline, kTree };
   Path path = Path::kAuto;
   size_t window = 0;    // active set: samples between threshold updates (0: default)
   double margin = -1;   // active set: initial margin below the winning keys (< 0: default)
+  size_t block = 0;     // active set, AVX-512: samples per block (0: default; rounded to 2^k)
 };
 
 template <typename IndexT>

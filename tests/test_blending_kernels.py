@@ -394,6 +394,8 @@ ACTIVE_TUNINGS = [
     ("active", 1, 0.0),
     ("active-baseline", 0, -1.0),  # SSE2 even on a CPU with AVX2
     ("active-baseline", 1, 0.0),
+    ("active-avx2", 0, -1.0),  # AVX2 (or SSE2) even on a CPU with AVX-512
+    ("active-avx2", 16, 0.001),
     ("auto", 0, -1.0),
 ]
 
@@ -454,12 +456,15 @@ def test_active_set_exhaustive_matches_scan(n: int) -> None:
     size=st.integers(0, 3000),
     window=st.integers(1, 64),
     margin=st.sampled_from([0.0, 1e-12, 0.01, 0.3]),
+    block=st.sampled_from([0, 1, 4, 32, 256]),
 )
-def test_active_set_property(weights: list[float], size: int, window: int, margin: float) -> None:
+def test_active_set_property(
+    weights: list[float], size: int, window: int, margin: float, block: int
+) -> None:
     array = np.asarray(weights)
     expected = blend_with(array, size, path="scan")
-    for path in ("active", "active-baseline"):
-        got = blend_with(array, size, path=path, window=window, margin=margin)
+    for path in ("active", "active-avx2", "active-baseline"):
+        got = blend_with(array, size, path=path, window=window, margin=margin, block=block)
         np.testing.assert_array_equal(got[0], expected[0])
         np.testing.assert_array_equal(got[1], expected[1])
 
@@ -468,3 +473,132 @@ def test_unknown_path_is_rejected() -> None:
     ids = np.empty(4, dtype=np.int16)
     with pytest.raises(ValueError, match="path must be"):
         _core.build_blending_indices(np.ones(2), ids, np.empty(4, dtype=np.int64), path="x")
+
+
+# --- the AVX-512 register kernel ------------------------------------------------------------------
+# On a CPU with AVX-512, greedy blends of at most 64 datasets take the register scan
+# ("scan-simd"), and the active set decides blocks of samples in registers ("block": samples per
+# block, rounded up to a power of two). Without AVX-512 these paths fall back to the plain scan and
+# the AVX2/SSE2 active set, and the tests still hold.
+
+WEIGHT_FAMILIES = ["uniform", "lognormal", "equal", "tiny", "power-law"]
+
+
+def adversarial_weights(style: str, n: int, rng: np.random.Generator) -> npt.NDArray[np.float64]:
+    """Weights whose keys tie or nearly tie: exact and off-by-one-ulp equalities, repeated values."""
+    if style == "ulp":  # equal weights, some one or two ulps above
+        base = np.full(n, 1.0 / n)
+        return base * (1 + rng.integers(0, 3, n) * 2.0**-52)
+    if style == "pairs":  # every weight appears twice (same keys whenever counts match)
+        half = make_weights("lognormal", (n + 1) // 2, rng)
+        return np.repeat(half, 2)[:n] / np.repeat(half, 2)[:n].sum()
+    if style == "dyadic":  # powers of two: products and differences are exact, ties are frequent
+        raw = 2.0 ** -rng.integers(0, 6, n).astype(np.float64)
+        return raw / raw.sum()
+    if style == "unnormalised":  # small integers: keys drift, many exact ties
+        return rng.integers(0, 4, n).astype(np.float64)
+    # "one-heavy": one dataset takes most samples, the rest near-tie among themselves
+    raw = np.full(n, 1.0)
+    raw[int(rng.integers(0, n))] = 50.0 * n
+    return raw / raw.sum()
+
+
+ADVERSARIAL_STYLES = ["ulp", "pairs", "dyadic", "unnormalised", "one-heavy"]
+
+
+@pytest.mark.parametrize("kind", WEIGHT_FAMILIES + ADVERSARIAL_STYLES)
+@pytest.mark.parametrize("n", [1, 2, 5, 8, 9, 10, 16, 17, 33, 47, 48, 63, 64, 65, 100])
+def test_register_scan_matches_scan(kind: str, n: int) -> None:
+    rng = np.random.default_rng(n * 131 + len(kind))
+    if kind in ADVERSARIAL_STYLES:
+        weights = adversarial_weights(kind, n, rng)
+        if not weights.any():
+            weights[0] = 1.0
+    else:
+        weights = make_weights(kind, n, rng)
+    size = 3000 * max(1, n // 8) + int(rng.integers(0, 500))
+    expected = blend_with(weights, size, path="scan")
+    for path in ("scan-simd", "auto"):
+        got = blend_with(weights, size, path=path)
+        np.testing.assert_array_equal(got[0], expected[0], err_msg=path)
+        np.testing.assert_array_equal(got[1], expected[1], err_msg=path)
+
+
+BLOCKS = [0, 1, 2, 8, 32, 64, 4096]
+
+
+@pytest.mark.parametrize("seed", range(24))
+def test_block_kernel_random_shapes(seed: int) -> None:
+    # Random n in [5, 2000], random family, every block length, default and short windows.
+    rng = np.random.default_rng(7000 + seed)
+    n = int(rng.integers(5, 2001))
+    kind = str(rng.choice(WEIGHT_FAMILIES + ADVERSARIAL_STYLES))
+    if kind in ADVERSARIAL_STYLES:
+        weights = adversarial_weights(kind, n, rng)
+        if not weights.any():
+            weights[0] = 1.0
+    else:
+        weights = make_weights(kind, n, rng)
+    size = int(rng.integers(1, 40 * n + 2000))
+    expected = blend_with(weights, size, path="scan")
+    for block in BLOCKS:
+        for window, margin in [
+            (0, -1.0),
+            (int(rng.integers(1, 100)), float(rng.choice([0.0, 1e-9, 0.05]))),
+        ]:
+            got = blend_with(
+                weights, size, path="active", window=window, margin=margin, block=block
+            )
+            message = f"n={n} {kind} block={block} window={window} margin={margin}"
+            np.testing.assert_array_equal(got[0], expected[0], err_msg=message)
+            np.testing.assert_array_equal(got[1], expected[1], err_msg=message)
+
+
+@pytest.mark.parametrize("style", ADVERSARIAL_STYLES)
+@pytest.mark.parametrize("n", [60, 300, 1500])
+def test_block_kernel_on_near_ties(style: str, n: int) -> None:
+    rng = np.random.default_rng(n + len(style) * 17)
+    weights = adversarial_weights(style, n, rng)
+    size = 30 * n + 1234
+    expected = blend_with(weights, size, path="scan")
+    for block in BLOCKS:
+        for path in ("active", "auto"):
+            got = blend_with(weights, size, path=path, block=block)
+            np.testing.assert_array_equal(got[0], expected[0], err_msg=f"{path} block={block}")
+            np.testing.assert_array_equal(got[1], expected[1], err_msg=f"{path} block={block}")
+
+
+@pytest.mark.parametrize("block", [1, 32, 4096])
+def test_block_kernel_exhaustive_is_unaffected(block: int) -> None:
+    # Exhaustive blends never take the block kernel (spent datasets); the option must not matter.
+    rng = np.random.default_rng(block)
+    shares = rng.lognormal(0.0, 2.0, 400)
+    sizes = np.maximum(1, np.round(shares / shares.sum() * 20_000)).astype(np.int64)
+    expected = exhaustive_with(sizes, path="scan")
+    got = exhaustive_with(sizes, path="active", block=block)
+    np.testing.assert_array_equal(got[0], expected[0])
+    np.testing.assert_array_equal(got[1], expected[1])
+
+
+@pytest.mark.megatron
+@pytest.mark.parametrize(
+    ("n", "kind"),
+    [
+        (10, "equal"),
+        (10, "uniform"),
+        (33, "lognormal"),
+        (64, "equal"),
+        (100, "uniform"),
+        (1000, "lognormal"),
+    ],
+)
+def test_block_and_register_kernels_match_megatron(n: int, kind: str) -> None:
+    helpers = megatron_helpers()
+    weights = make_weights(kind, n, np.random.default_rng(n * 3 + len(kind)))
+    size = 400_000
+    expected_ids = np.empty(size, dtype=np.int16)
+    expected_positions = np.empty(size, dtype=np.int64)
+    helpers.build_blending_indices(expected_ids, expected_positions, weights, n, size, False)
+    ids, positions = build_blending_indices(weights, size)
+    np.testing.assert_array_equal(ids, expected_ids)
+    np.testing.assert_array_equal(positions, expected_positions)
