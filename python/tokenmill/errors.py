@@ -18,3 +18,9 @@ class DataFormatError(TokenmillError, ValueError):
 
 class CacheError(TokenmillError, RuntimeError):
     """An index cache is unusable: truncated, foreign, or inconsistent with its description."""
+
+
+class TokenizerMismatchError(DataFormatError):
+    """Datasets (or a dataset and a tokenizer) come from different tokenizers: their fingerprints
+    (kind, file sha256, vocabulary size, special ids) differ, so their token ids mean different
+    things and must not be mixed."""
