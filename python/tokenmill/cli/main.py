@@ -17,9 +17,9 @@ Registrar = Callable[["argparse._SubParsersAction[argparse.ArgumentParser]"], No
 
 
 def _subcommand_registrars() -> list[Registrar]:
-    from tokenmill.cli import demo
+    from tokenmill.cli import demo, tokenize_cmd
 
-    return [demo.register]
+    return [demo.register, tokenize_cmd.register]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -55,7 +55,7 @@ class Progress:
         self.text_bytes = 0
         self.source_bytes = 0
         self._started = time.monotonic()
-        self._last_draw = 0.0
+        self._last_draw = self._started
         self._interactive = bool(getattr(self.stream, "isatty", lambda: False)())
         self._interval = 0.2 if self._interactive else log_interval
 
