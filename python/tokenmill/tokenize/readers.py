@@ -125,7 +125,10 @@ def detect_format(path: str | os.PathLike[str]) -> str:
     raise ValueError(f"{os.fspath(path)}: unknown input format; known suffixes: {known}")
 
 
-def _is_known(path: str) -> bool:
+def _is_known(path: str, walking: bool = False) -> bool:
+    name = os.path.basename(path).lower()
+    if name.endswith(".tokenmill.json") or (walking and name.endswith(".json")):
+        return False  # tokenmill's sidecars; plain .json in a directory is likely not a corpus
     try:
         detect_format(path)
     except ValueError:
@@ -138,7 +141,8 @@ def expand_inputs(patterns: Sequence[str | os.PathLike[str]]) -> list[str]:
 
     Args:
         patterns: file paths, glob patterns (``**`` recurses) or directories (searched
-            recursively for files with a known suffix).
+            recursively for files with a known suffix, except plain ``.json``, which is only
+            taken when named or globbed). ``*.tokenmill.json`` sidecars are never inputs.
 
     Returns:
         Absolute paths, sorted.
@@ -157,7 +161,7 @@ def expand_inputs(patterns: Sequence[str | os.PathLike[str]]) -> list[str]:
                 os.path.join(root, name)
                 for root, _, names in os.walk(text)
                 for name in names
-                if _is_known(name) and not name.startswith(".")
+                if _is_known(name, walking=True) and not name.startswith(".")
             ]
             if not matches:
                 raise FileNotFoundError(f"{text}: directory holds no input files ({FORMATS})")
@@ -206,38 +210,42 @@ def _open_decompressed(path: str, fmt: str, raw: IO[bytes]) -> IO[bytes]:
 
 
 def _line_chunks(path: str, fmt: str, kind: str, chunk_bytes: int) -> Iterator[Chunk]:
+    """Blocks of whole lines of about ``chunk_bytes`` (a longer line is one chunk of its own)."""
     with open(path, "rb") as file:
         counter = _CountingReader(file)
         stream = _open_decompressed(path, fmt, io.BufferedReader(counter, _READ_BLOCK))
         pending = b""
         line = 1
         reported = 0
+        ended = False
         try:
-            while True:
+            while not ended:
                 try:
                     block = stream.read(max(chunk_bytes, _READ_BLOCK))
                 except Exception as error:  # gzip.BadGzipFile, zstd errors, EOFError
                     raise DataFormatError(
                         f"{path}: cannot decompress ({fmt}) after line {line}: {error}"
                     ) from error
-                if not block:
-                    break
+                ended = not block
                 pending += block
-                if len(pending) < chunk_bytes:
-                    continue
-                cut = pending.rfind(b"\n") + 1
-                if cut == 0:
-                    continue  # one line longer than a chunk: keep reading
-                data, pending = pending[:cut], pending[cut:]
-                source = counter.count - reported
-                reported = counter.count
-                yield Chunk(path, kind, data, first_line=line, source_bytes=source)
-                line += data.count(b"\n")
+                start = 0
+                while len(pending) - start >= chunk_bytes or (ended and start < len(pending)):
+                    cut = pending.rfind(b"\n", start, start + chunk_bytes) + 1
+                    if cut == 0:  # no line end within a chunk: take the whole (long) line
+                        cut = pending.find(b"\n", start + chunk_bytes) + 1
+                    if cut == 0:
+                        if not ended:
+                            break  # the line continues in the next block
+                        cut = len(pending)  # the last line has no newline
+                    data = pending[start:cut]
+                    source, reported = counter.count - reported, counter.count
+                    yield Chunk(path, kind, data, first_line=line, source_bytes=source)
+                    line += data.count(b"\n")
+                    start = cut
+                pending = pending[start:]
         finally:
             stream.close()
-        if pending:
-            yield Chunk(path, kind, pending, first_line=line, source_bytes=counter.count - reported)
-        elif counter.count > reported:
+        if counter.count > reported:
             yield Chunk(path, kind, b"", first_line=line, source_bytes=counter.count - reported)
 
 
