@@ -69,8 +69,19 @@ def fetch_gpt2(work: Path) -> Path:
     if not target.exists():
         download = work / "whisper-sdist"
         subprocess.run(
-            [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:",
-             WHISPER, "-d", str(download)],
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "-q",
+                "--no-deps",
+                "--no-binary",
+                ":all:",
+                WHISPER,
+                "-d",
+                str(download),
+            ],
             check=True,
         )
         archive = next(download.glob("openai_whisper-*.tar.gz"))
@@ -162,8 +173,10 @@ def main() -> int:
                 f"| {name:<58} | {seconds:6.2f}s | {tokens / seconds / 1e6:7.2f} | "
                 f"{text_bytes / seconds / 1e6:6.1f} | {baseline_seconds / seconds:5.2f} |"
             )
-    print("\nratio = baseline time / this time (target for the pipeline: >= 0.90); "
-          "the first 200 documents' tokens were checked identical")
+    print(
+        "\nratio = baseline time / this time (target for the pipeline: >= 0.90); "
+        "the first 200 documents' tokens were checked identical"
+    )
     return 0
 
 

@@ -22,7 +22,9 @@ import sys
 from pathlib import Path
 
 SOURCE = Path("/usr/share/doc/jargon-text/jargon.txt.gz")
-OUTPUT = Path(__file__).resolve().parent.parent / "python" / "tokenmill" / "data" / "jargon.jsonl.gz"
+OUTPUT = (
+    Path(__file__).resolve().parent.parent / "python" / "tokenmill" / "data" / "jargon.jsonl.gz"
+)
 
 _ENTRY = re.compile(r"^   :(?P<term>[^:]+(?::[^:\s][^:]*)*):")
 _LETTER = re.compile(r"^  [A-Z]$")
@@ -75,9 +77,10 @@ def main() -> int:
         for term, body in found
     ).encode("utf-8")
     temporary = args.output.with_name(args.output.name + ".tmp")
-    with open(temporary, "wb") as raw, gzip.GzipFile(
-        filename="", mode="wb", fileobj=raw, compresslevel=9, mtime=0
-    ) as stream:
+    with (
+        open(temporary, "wb") as raw,
+        gzip.GzipFile(filename="", mode="wb", fileobj=raw, compresslevel=9, mtime=0) as stream,
+    ):
         stream.write(payload)
     temporary.replace(args.output)
     print(

@@ -6,11 +6,10 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
-
-torch = pytest.importorskip("torch")
-pa = pytest.importorskip("pyarrow")
-pq = pytest.importorskip("pyarrow.parquet")
+import torch
 
 from tokenmill.errors import DataFormatError
 from tokenmill.tokenize.streaming import ParquetTokenLoader, ParquetTokenStream
@@ -121,7 +120,7 @@ def test_errors_name_the_problem(files: list[str], tmp_path: Path) -> None:
     pq.write_table(pa.table({"body": ["a"]}), tmp_path / "other.parquet")
     with pytest.raises(DataFormatError, match=r"other.parquet: no column 'text'"):
         ParquetTokenLoader([str(tmp_path / "other.parquet")], B, T)
-    with pytest.raises(FileNotFoundError, match="parquet file not found: .*missing.parquet"):
+    with pytest.raises(FileNotFoundError, match=r"parquet file not found: .*missing.parquet"):
         ParquetTokenLoader([str(tmp_path / "missing.parquet")], B, T)
     with pytest.raises(ValueError, match="batch_size must be >= 1, got 0"):
         ParquetTokenLoader(files, 0, T)

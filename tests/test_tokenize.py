@@ -18,7 +18,6 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from conftest import write_megatron_shard
 from tokenmill.errors import DataFormatError, TokenizerMismatchError
 from tokenmill.formats.megatron import IndexedDataset
 from tokenmill.tokenize.fingerprint import check_tokenizer, read_sidecar, sidecar_path
@@ -32,6 +31,8 @@ from tokenmill.tokenize.pipeline import (
 from tokenmill.tokenize.progress import Progress
 from tokenmill.tokenize.readers import ReadOptions, expand_inputs, read_documents
 from tokenmill.tokenize.tokenizers import ByteTokenizer, TokenizerSpec, load_tokenizer
+
+from conftest import write_megatron_shard
 
 DOCUMENTS = [
     "Hello, world.",
@@ -170,9 +171,9 @@ def test_expand_inputs_sorts_globs_and_directories(tmp_path: Path) -> None:
     ]
     with pytest.raises(FileNotFoundError, match="glob matches no input"):
         expand_inputs([str(tmp_path / "*.zst")])
-    with pytest.raises(FileNotFoundError, match="input not found: .*missing.jsonl"):
+    with pytest.raises(FileNotFoundError, match=r"input not found: .*missing.jsonl"):
         expand_inputs([str(tmp_path / "missing.jsonl")])
-    with pytest.raises(ValueError, match="notes.md: unknown input format"):
+    with pytest.raises(ValueError, match=r"notes.md: unknown input format"):
         expand_inputs([str(tmp_path / "notes.md")])
     (tmp_path / "empty").mkdir()
     with pytest.raises(FileNotFoundError, match="empty: directory holds no input files"):
@@ -197,7 +198,7 @@ def test_bad_jsonl_lines_name_file_line_and_field(
     path = tmp_path / "bad.jsonl"
     path.write_bytes(content)
     for chunk_bytes in (5, 1 << 20):  # line numbers survive chunking
-        read = ReadOptions(chunk_bytes=chunk_bytes, **options)  # type: ignore[arg-type]
+        read = ReadOptions(chunk_bytes=chunk_bytes, **options)
         with pytest.raises(DataFormatError, match=message):
             list(read_documents(path, read))
     with pytest.raises(DataFormatError, match=message):  # the pipeline reports the same
@@ -219,7 +220,7 @@ def test_bad_parquet_and_compressed_inputs(tmp_path: Path) -> None:
     with pytest.raises(DataFormatError, match=r"null.parquet: row 1: column 'text' is null"):
         list(read_documents(tmp_path / "null.parquet"))
     (tmp_path / "junk.parquet").write_bytes(b"not parquet")
-    with pytest.raises(DataFormatError, match="junk.parquet: not a parquet file"):
+    with pytest.raises(DataFormatError, match=r"junk.parquet: not a parquet file"):
         list(read_documents(tmp_path / "junk.parquet"))
     (tmp_path / "bad.jsonl.gz").write_bytes(gzip.compress(b'{"text": "a"}\n')[:-12])
     with pytest.raises(DataFormatError, match=r"bad.jsonl.gz: cannot decompress \(jsonl.gz\)"):
@@ -272,7 +273,7 @@ def test_bpe_and_tiktoken_decode_back_to_the_input(
 def test_tokenizer_errors_name_the_file_and_value(tmp_path: Path, bpe_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match=r"tokenizer file not found: .*nope.json"):
         load_tokenizer(str(tmp_path / "nope.json"))
-    with pytest.raises(ValueError, match="tokenizer must be 'bytes', a HF tokenizer.json or a "):
+    with pytest.raises(ValueError, match=r"tokenizer must be 'bytes', a HF tokenizer.json or a "):
         TokenizerSpec.parse("gpt2")
     with pytest.raises(ValueError, match=r"eod_token '<eos>' is not in the vocabulary"):
         load_tokenizer(str(bpe_path), eod_token="<eos>")
@@ -330,9 +331,7 @@ def test_identical_for_0_1_2_4_workers(tmp_path: Path, bpe_path: Path) -> None:
     words = ["alpha", "beta", "gamma", "delta", "ünï", "漢字", "\n", "the", "hacker"]
     corpora = []
     for number, suffix in enumerate(["jsonl", "jsonl.gz", "parquet", "jsonl.zst"]):
-        texts = [
-            " ".join(rng.choice(words, int(rng.integers(0, 200)))) for _ in range(60)
-        ]
+        texts = [" ".join(rng.choice(words, int(rng.integers(0, 200)))) for _ in range(60)]
         corpora.append(write_corpus(tmp_path / f"in{number}.{suffix}", texts))
     outputs = []
     for workers in (0, 1, 2, 4):
@@ -384,7 +383,7 @@ def test_window_bounds_invariants(length: int, window: int, data: st.DataObject)
 
 def test_config_errors_and_nanogpt_hook(tmp_path: Path) -> None:
     corpus = write_corpus(tmp_path / "c.jsonl", ["a"])
-    with pytest.raises(NotImplementedError, match="tokenmill.formats.nanogpt"):
+    with pytest.raises(NotImplementedError, match=r"tokenmill.formats.nanogpt"):
         run([corpus], tmp_path / "out", output_format="nanogpt")
     with pytest.raises(ValueError, match="output_format must be one of megatron, nanogpt"):
         TokenizeConfig(inputs=("x",), output_prefix="y", output_format="hdf5")
@@ -492,7 +491,9 @@ def test_check_tokenizer(tmp_path: Path, bpe_path: Path) -> None:
     corpus = write_corpus(tmp_path / "c.jsonl", ["text"])
     run([corpus], tmp_path / "out")
     assert check_tokenizer(str(tmp_path / "out"), ByteTokenizer())["documents"] == 1
-    with pytest.raises(TokenizerMismatchError, match=r"dataset '.*out' has kind='bytes' but huggingface"):
+    with pytest.raises(
+        TokenizerMismatchError, match=r"dataset '.*out' has kind='bytes' but huggingface"
+    ):
         check_tokenizer(str(tmp_path / "out"), load_tokenizer(str(bpe_path)))
     Path(sidecar_path(str(tmp_path / "out"))).write_text('{"format": "other"}')
     with pytest.raises(DataFormatError, match=r"out.tokenmill.json: format is 'other'"):

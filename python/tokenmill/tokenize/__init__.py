@@ -32,7 +32,27 @@ _EXPORTS: dict[str, str] = {
     "ParquetTokenLoader": "tokenmill.tokenize.streaming",
 }
 
-__all__ = sorted(_EXPORTS)
+__all__ = [
+    "ByteTokenizer",
+    "HuggingFaceTokenizer",
+    "ParquetTokenLoader",
+    "ParquetTokenStream",
+    "ReadOptions",
+    "TiktokenTokenizer",
+    "TokenizeConfig",
+    "TokenizeResult",
+    "Tokenizer",
+    "TokenizerSpec",
+    "check_compatible",
+    "check_tokenizer",
+    "expand_inputs",
+    "load_tokenizer",
+    "merge_datasets",
+    "read_documents",
+    "read_sidecar",
+    "tokenize",
+    "window_bounds",
+]
 
 if TYPE_CHECKING:
     from tokenmill.tokenize.fingerprint import check_compatible, check_tokenizer, read_sidecar

@@ -152,6 +152,10 @@ def check_compatible(prefixes: list[str]) -> dict[str, Any]:
         raise ValueError("no datasets given")
     first = read_sidecar(prefixes[0])["tokenizer"]
     for prefix in prefixes[1:]:
-        _compare(first, read_sidecar(prefix)["tokenizer"], f"dataset {prefixes[0]!r}",
-                 f"dataset {prefix!r}")
+        _compare(
+            first,
+            read_sidecar(prefix)["tokenizer"],
+            f"dataset {prefixes[0]!r}",
+            f"dataset {prefix!r}",
+        )
     return dict(first)

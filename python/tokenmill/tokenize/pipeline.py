@@ -171,10 +171,10 @@ def encode_documents(
             per_document.append(1)
             layouts.append(None)
         else:
-            bounds = window_bounds(count, options.window, options.overlap)
-            lengths.extend(end - begin for begin, end in bounds)
-            per_document.append(len(bounds))
-            layouts.append(bounds)
+            windows = window_bounds(count, options.window, options.overlap)
+            lengths.extend(end - begin for begin, end in windows)
+            per_document.append(len(windows))
+            layouts.append(windows)
     tokens = numpy.empty(sum(lengths), dtype=dtype)
     position = 0
     for array, bounds in zip(arrays, layouts):
@@ -340,8 +340,10 @@ class TokenizeConfig:
     progress: bool = True
 
     def __post_init__(self) -> None:
-        if isinstance(self.inputs, str):
-            raise TypeError(f"inputs must be a sequence of paths, got the string {self.inputs!r}")
+        inputs: object = self.inputs
+        if isinstance(inputs, str):
+            raise TypeError(f"inputs must be a sequence of paths, got the string {inputs!r}")
+        object.__setattr__(self, "inputs", tuple(os.fspath(item) for item in self.inputs))
         if not self.inputs:
             raise ValueError("inputs must name at least one file, glob or directory")
         if not self.output_prefix:
@@ -420,8 +422,11 @@ def _remove_leftovers(prefix: str) -> None:
     for suffix in (".bin", ".idx", ".tokenmill.json"):
         with contextlib.suppress(FileNotFoundError):
             os.remove(prefix + suffix)
-        for leftover in glob_module.glob(os.path.join(glob_module.escape(directory),
-                                                      f".{glob_module.escape(name + suffix)}.*.tmp")):
+        for leftover in glob_module.glob(
+            os.path.join(
+                glob_module.escape(directory), f".{glob_module.escape(name + suffix)}.*.tmp"
+            )
+        ):
             with contextlib.suppress(FileNotFoundError):
                 os.remove(leftover)
 
@@ -503,9 +508,7 @@ def tokenize(config: TokenizeConfig) -> TokenizeResult:
             _remove_leftovers(prefix)
             pending.append((index, identity))
 
-    progress = Progress(
-        sum(identity["size"] for _, identity in pending), enabled=config.progress
-    )
+    progress = Progress(sum(identity["size"] for _, identity in pending), enabled=config.progress)
     if skipped and config.progress:
         progress.stream.write(
             f"[tokenize] skipped {len(skipped)} completed input(s) of {len(mine)} "
@@ -540,7 +543,9 @@ def tokenize(config: TokenizeConfig) -> TokenizeResult:
         def consume(index: int, future: Future[Encoded] | None) -> None:
             prefix = part_prefix(parts_directory, index, count)
             if index not in builders:
-                builders[index] = IndexedDatasetBuilder(get_bin_path(prefix), dtype=numpy.dtype(dtype))
+                builders[index] = IndexedDatasetBuilder(
+                    get_bin_path(prefix), dtype=numpy.dtype(dtype)
+                )
                 counts[index] = {"documents": 0, "sequences": 0, "tokens": 0}
             builder = builders[index]
             if future is not None:

@@ -30,7 +30,7 @@ import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, cast
 
 from tokenmill.errors import DataFormatError
 
@@ -201,7 +201,7 @@ def _open_decompressed(path: str, fmt: str, raw: IO[bytes]) -> IO[bytes]:
     if fmt == "jsonl.gz":
         import gzip
 
-        return gzip.GzipFile(fileobj=raw, mode="rb")
+        return cast(IO[bytes], gzip.GzipFile(fileobj=raw, mode="rb"))
     if fmt == "jsonl.zst":
         import zstandard
 
@@ -301,9 +301,7 @@ def _check_column(parquet: Any, path: str, column: str) -> None:
         )
     field_type = schema.field(column).type
     if not (pa.types.is_string(field_type) or pa.types.is_large_string(field_type)):
-        raise DataFormatError(
-            f"{path}: column {column!r} has type {field_type}, expected string"
-        )
+        raise DataFormatError(f"{path}: column {column!r} has type {field_type}, expected string")
 
 
 def _decode(data: bytes, path: str, where: str) -> str:
@@ -311,7 +309,7 @@ def _decode(data: bytes, path: str, where: str) -> str:
         return data.decode("utf-8")
     except UnicodeDecodeError as error:
         raise DataFormatError(
-            f"{path}: {where}: invalid UTF-8 at byte {error.start}: {data[error.start:error.start + 8]!r}"
+            f"{path}: {where}: invalid UTF-8 at byte {error.start}: {data[error.start : error.start + 8]!r}"
         ) from error
 
 

@@ -185,7 +185,9 @@ class ParquetTokenStream(torch.utils.data.IterableDataset):  # type: ignore[misc
                     if resuming:
                         if (file, group) < (first_file, first_group):
                             continue
-                        document = first_document if (file, group) == (first_file, first_group) else 0
+                        document = (
+                            first_document if (file, group) == (first_file, first_group) else 0
+                        )
                         resuming = False
                     if parquet is None:
                         parquet = pq.ParquetFile(self.files[file])

@@ -128,7 +128,9 @@ class ByteTokenizer(Tokenizer):
         self.vocab_size = 258
         self.bos_id = self.BOS
         self.eod_id = self.EOD
-        self.sha256 = hashlib.sha256(b"tokenmill bytes tokenizer v1: utf-8 0-255, 256, 257").hexdigest()
+        self.sha256 = hashlib.sha256(
+            b"tokenmill bytes tokenizer v1: utf-8 0-255, 256, 257"
+        ).hexdigest()
         self.path = None
 
     def encode_batch(self, texts: Sequence[str]) -> list[TokenArray]:
@@ -273,7 +275,9 @@ class TokenizerSpec:
 
     def __post_init__(self) -> None:
         if self.kind not in _KINDS:
-            raise ValueError(f"tokenizer kind must be one of {', '.join(_KINDS)}, got {self.kind!r}")
+            raise ValueError(
+                f"tokenizer kind must be one of {', '.join(_KINDS)}, got {self.kind!r}"
+            )
         if self.kind == "bytes" and self.path is not None:
             raise ValueError(f"the bytes tokenizer takes no file, got path={self.path!r}")
         if self.kind != "bytes" and not self.path:
@@ -325,5 +329,9 @@ def load_tokenizer(
         FileNotFoundError: the tokenizer file is missing.
         ValueError: the value or the file is not a tokenizer this module knows.
     """
-    spec = value if isinstance(value, TokenizerSpec) else TokenizerSpec.parse(value, bos_token, eod_token)
+    spec = (
+        value
+        if isinstance(value, TokenizerSpec)
+        else TokenizerSpec.parse(value, bos_token, eod_token)
+    )
     return spec.load()
