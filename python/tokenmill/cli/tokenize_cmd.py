@@ -76,7 +76,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         default=min(os.cpu_count() or 1, 8),
         help="worker processes; 0 runs in this process [min(cores, 8)]",
     )
-    parser.add_argument("--chunk-mb", type=float, default=4.0, help="work chunk size [4 MB]")
+    parser.add_argument("--chunk-mb", type=float, default=1.0, help="work chunk size [1 MB]")
     parser.add_argument("--rank", type=int, help="this machine's rank [env RANK, SLURM, 0]")
     parser.add_argument("--world-size", type=int, help="number of machines [env, 1]")
     parser.add_argument(

@@ -16,6 +16,7 @@ for a ``<prefix>.parts`` directory it also checks that every part of the run is 
 from __future__ import annotations
 
 import contextlib
+import glob
 import os
 import re
 from collections.abc import Sequence
@@ -31,6 +32,7 @@ from tokenmill.formats.megatron import (
     get_idx_path,
 )
 from tokenmill.tokenize.fingerprint import (
+    SIDECAR_SUFFIX,
     check_compatible,
     read_sidecar,
     sidecar_path,
@@ -125,7 +127,12 @@ def merge_datasets(
     first = IndexedDataset(prefixes[0])
     dtype = first.index.dtype
     del first
-    for path in (get_idx_path(output_prefix), sidecar_path(output_prefix)):
+    directory, name = os.path.split(output_prefix)
+    leftovers = []  # temporary files of an earlier, killed merge into the same output
+    for suffix in (".bin", ".idx", SIDECAR_SUFFIX):
+        pattern = f".{glob.escape(name + suffix)}.*.tmp"
+        leftovers.extend(glob.glob(os.path.join(glob.escape(directory), pattern)))
+    for path in [get_idx_path(output_prefix), sidecar_path(output_prefix), *leftovers]:
         with contextlib.suppress(FileNotFoundError):
             os.remove(path)
     os.makedirs(os.path.dirname(output_prefix) or ".", exist_ok=True)

@@ -255,14 +255,21 @@ class _InlineExecutor:
 
 
 def _process_context() -> Any:
-    """fork while this process has one thread (fast, and works from any ``__main__``);
-    spawn otherwise, since forking a multi-threaded process can deadlock."""
+    """The start method of the worker processes.
+
+    fork while no other Python thread runs, on Python < 3.12: fast, and it works from any
+    ``__main__`` (stdin, notebooks). Otherwise forkserver (Python 3.12 warns about forking a
+    process with threads, and numpy's BLAS pool counts): its workers import what they need, so
+    a script that starts a run must guard it with ``if __name__ == "__main__":``.
+    """
     import multiprocessing
+    import sys
     import threading
 
-    if "fork" in multiprocessing.get_all_start_methods() and threading.active_count() == 1:
+    methods = multiprocessing.get_all_start_methods()
+    if "fork" in methods and sys.version_info < (3, 12) and threading.active_count() == 1:
         return multiprocessing.get_context("fork")
-    return multiprocessing.get_context("spawn")
+    return multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
 
 
 def resolve_rank(rank: int | None, world_size: int | None) -> tuple[int, int]:

@@ -76,7 +76,7 @@ class ReadOptions:
     json_key: str = "text"
     column: str = "text"
     txt_mode: str = "file"
-    chunk_bytes: int = 4 << 20
+    chunk_bytes: int = 1 << 20
 
     def __post_init__(self) -> None:
         if self.txt_mode not in ("file", "line"):
