@@ -135,3 +135,11 @@ def test_errors_name_the_problem(files: list[str], tmp_path: Path) -> None:
     pq.write_table(pa.table({"text": ["a", None]}), tmp_path / "null.parquet")
     with pytest.raises(DataFormatError, match=r"null.parquet: row group 0, row 1: column 'text'"):
         take(ParquetTokenLoader([str(tmp_path / "null.parquet")], 1, 1), 2)
+
+
+def test_batches_are_plain_memory_on_cpu_and_move_to_a_device(files: list[str]) -> None:
+    loader = ParquetTokenLoader(files, B, T, "bytes", rank=0, world_size=1, device="cpu")
+    inputs, targets = take(loader, 1)[0]
+    assert inputs.device.type == "cpu" and targets.device.type == "cpu"
+    if not torch.cuda.is_available():
+        assert not loader.pin_memory and not inputs.is_pinned()

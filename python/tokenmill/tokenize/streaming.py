@@ -324,6 +324,8 @@ class ParquetTokenLoader:
         loop: run epochs forever (nanochat); False: one pass.
         pin_memory: pin batches; None: when CUDA is available.
         multiprocessing_context: passed to the DataLoader when ``num_workers > 0``.
+        device: move each batch there (``non_blocking`` from pinned memory), e.g. "cuda";
+            None: leave it in host memory.
 
     Raises:
         See :class:`ParquetTokenStream`.
@@ -344,6 +346,7 @@ class ParquetTokenLoader:
         loop: bool = True,
         pin_memory: bool | None = None,
         multiprocessing_context: str | None = None,
+        device: str | torch.device | None = None,
     ) -> None:
         spec = tokenizer if isinstance(tokenizer, TokenizerSpec) else TokenizerSpec.parse(tokenizer)
         self.stream = ParquetTokenStream(
@@ -362,6 +365,7 @@ class ParquetTokenLoader:
         self.num_workers = num_workers
         self.pin_memory = torch.cuda.is_available() if pin_memory is None else pin_memory
         self.multiprocessing_context = multiprocessing_context
+        self.device = None if device is None else torch.device(device)
         self._positions: dict[int, dict[str, int]] = {}
         self._next_reader = 0
         self._batches = 0
@@ -384,6 +388,9 @@ class ParquetTokenLoader:
             self._positions[int(reader)] = {key: int(position[key]) for key in _POSITION_KEYS}
             self._next_reader = (int(reader) + 1) % stream.readers_per_rank
             self._batches += 1
+            if self.device is not None:
+                inputs = inputs.to(self.device, non_blocking=self.pin_memory)
+                targets = targets.to(self.device, non_blocking=self.pin_memory)
             yield inputs, targets
 
     def state_dict(self) -> dict[str, Any]:

@@ -187,7 +187,9 @@ class HuggingFaceTokenizer(Tokenizer):
         return int(found)
 
     def encode_batch(self, texts: Sequence[str]) -> list[TokenArray]:
-        encodings = self._tokenizer.encode_batch_fast(list(texts), add_special_tokens=False)
+        # encode_batch_fast (tokenizers >= 0.21) skips computing offsets
+        encode = getattr(self._tokenizer, "encode_batch_fast", self._tokenizer.encode_batch)
+        encodings = encode(list(texts), add_special_tokens=False)
         return [numpy.array(encoding.ids, dtype=numpy.int64) for encoding in encodings]
 
     def decode(self, ids: Sequence[int] | TokenArray) -> str:
