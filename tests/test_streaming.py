@@ -132,6 +132,15 @@ def test_errors_name_the_problem(files: list[str], tmp_path: Path) -> None:
         other.load_state_dict(state)
     with pytest.raises(ValueError, match="state_dict is rank 0's, this is rank 1"):
         ParquetTokenLoader(files, B, T, rank=1, world_size=2).load_state_dict(state)
+    with pytest.raises(ValueError, match="state_dict version must be 1, got 7"):
+        loader.load_state_dict({**state, "version": 7})
+    broken = {**state, "positions": {"0": {"epoch": 0}}}
+    with pytest.raises(ValueError, match="state_dict position of reader 0 is malformed"):
+        loader.load_state_dict(broken)
+    stream = ParquetTokenStream(files, B, T, TokenizerSpec(), num_workers=2, rank=0, world_size=1)
+    wrong = torch.utils.data.DataLoader(stream, batch_size=None, num_workers=1)
+    with pytest.raises(ValueError, match="built for num_workers=2 but runs in a DataLoader with 1"):
+        next(iter(wrong))
     pq.write_table(pa.table({"text": ["a", None]}), tmp_path / "null.parquet")
     with pytest.raises(DataFormatError, match=r"null.parquet: row group 0, row 1: column 'text'"):
         take(ParquetTokenLoader([str(tmp_path / "null.parquet")], 1, 1), 2)

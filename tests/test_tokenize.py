@@ -595,3 +595,58 @@ def test_progress_line_shows_rates_and_eta() -> None:
     assert "25.0%" in line and "10 docs" in line and "tok/s" in line and "MB/s" in line
     assert "ETA 0:00:" in line
     assert stream.getvalue().count("\n") == 1
+
+
+def test_remaining_bad_inputs_name_the_value(tmp_path: Path) -> None:
+    """Errors not covered above: each names the file, field or value."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    plain = Tokenizer(models.BPE())
+    plain.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    plain.train_from_iterator(DOCUMENTS, trainers.BpeTrainer(vocab_size=280, show_progress=False))
+    plain.save(str(tmp_path / "plain.json"))
+    corpus = write_corpus(tmp_path / "c.jsonl", ["text"])
+    spec = TokenizerSpec.parse(str(tmp_path / "plain.json"))
+    with pytest.raises(ValueError, match=r"plain.json\) has no EOD \(append_eod\) token"):
+        run([corpus], tmp_path / "out", tokenizer=spec)
+    with pytest.raises(ValueError, match=r"has no BOS \(prepend_bos\) token"):
+        run([corpus], tmp_path / "out", tokenizer=spec, prepend_bos=True, append_eod=False)
+    with pytest.raises(ValueError, match="has no end-of-document token"):
+        _ = spec.load().eod
+    with pytest.raises(ValueError, match="a tiktoken tokenizer needs a file path, got None"):
+        TokenizerSpec("tiktoken")
+    (tmp_path / "t.tiktoken").write_text("YQ== 0\n")  # the one token "a"
+    with pytest.raises(ValueError, match=r"bos_token '<s>' is not a special token"):
+        TokenizerSpec("tiktoken", str(tmp_path / "t.tiktoken"), bos_token="<s>").load()
+    with pytest.raises(ValueError, match="no inputs given"):
+        expand_inputs([])
+    (tmp_path / "bad.jsonl.zst").write_bytes(b"\x28\xb5\x2f\xfd garbage")
+    with pytest.raises(DataFormatError, match=r"bad.jsonl.zst: cannot decompress \(jsonl.zst\)"):
+        list(read_documents(tmp_path / "bad.jsonl.zst"))
+
+    run([corpus], tmp_path / "ds")
+    sidecar = Path(sidecar_path(str(tmp_path / "ds")))
+    payload = json.loads(sidecar.read_text())
+    sidecar.write_text(json.dumps({**payload, "version": 2}))
+    with pytest.raises(DataFormatError, match=r"unsupported sidecar version 2, expected 1"):
+        read_sidecar(str(tmp_path / "ds"))
+    sidecar.write_text(json.dumps({**payload, "tokenizer": {"kind": "bytes"}}))
+    with pytest.raises(DataFormatError, match=r"'tokenizer' must hold \['kind', 'sha256'"):
+        read_sidecar(str(tmp_path / "ds"))
+    with pytest.raises(ValueError, match="merge needs at least one dataset"):
+        merge_datasets([], str(tmp_path / "m"))
+
+    lonely = tmp_path / "lonely"
+    lonely.mkdir()
+    (lonely / "a.idx").write_bytes(b"")
+    with pytest.raises(DataFormatError, match=r"a.idx: has no .*a.bin"):
+        find_prefixes(str(lonely))
+    mixed = tmp_path / "mixed"
+    mixed.mkdir()
+    for name in ("part-000000-of-000001", "part-000000-of-000002", "part-000001-of-000002"):
+        write_megatron_shard(mixed / name, [[1]])
+    with pytest.raises(DataFormatError, match=r"parts of different runs \(part counts \[1, 2\]\)"):
+        find_prefixes(str(mixed))
+    (tmp_path / "none").mkdir()
+    with pytest.raises(FileNotFoundError, match=r"none: no .bin/.idx datasets found"):
+        find_prefixes(str(tmp_path / "none"))

@@ -6,7 +6,7 @@
      "tokenizer": {"kind": "tiktoken", "sha256": "306c...", "vocab_size": 50257,
                    "bos_id": 50256, "eod_id": 50256},
      "options": {"prepend_bos": false, "append_eod": true, "window": null, "overlap": 0},
-     "dtype": "uint16", "documents": 8853, "sequences": 8853, "tokens": 18234567,
+     "dtype": "uint16", "documents": 8854, "sequences": 8854, "tokens": 18161046,
      "inputs": [...]}
 
 Two datasets may be mixed (merged, blended) only if their ``tokenizer`` objects are equal:
