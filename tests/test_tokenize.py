@@ -650,3 +650,28 @@ def test_remaining_bad_inputs_name_the_value(tmp_path: Path) -> None:
     (tmp_path / "none").mkdir()
     with pytest.raises(FileNotFoundError, match=r"none: no .bin/.idx datasets found"):
         find_prefixes(str(tmp_path / "none"))
+
+
+def test_builder_add_documents_equals_add_document_per_document(tmp_path: Path) -> None:
+    from tokenmill.formats.megatron import IndexedDatasetBuilder
+
+    documents = [([1, 2, 3], [3]), ([], []), ([4, 5, 6, 7], [2, 2]), ([8], [1])]
+    one = IndexedDatasetBuilder(str(tmp_path / "one.bin"), dtype=np.uint16)
+    for tokens, lengths in documents:
+        one.add_document(tokens, lengths)
+    one.finalize(str(tmp_path / "one.idx"))
+    bulk = IndexedDatasetBuilder(str(tmp_path / "bulk.bin"), dtype=np.uint16)
+    bulk.add_documents(np.array([1, 2, 3]), [3], [1, 0])
+    bulk.add_documents(np.array([4, 5, 6, 7, 8]), [2, 2, 1], [2, 1])
+    bulk.finalize(str(tmp_path / "bulk.idx"))
+    for suffix in (".bin", ".idx"):
+        assert (tmp_path / f"one{suffix}").read_bytes() == (tmp_path / f"bulk{suffix}").read_bytes()
+    bad = IndexedDatasetBuilder(str(tmp_path / "bad.bin"), dtype=np.uint16)
+    with pytest.raises(ValueError, match="sequence_lengths sum to 3 but 2 tokens were given"):
+        bad.add_documents([1, 2], [3], [1])
+    with pytest.raises(ValueError, match="sequences_per_document sum to 2 but 1 sequence lengths"):
+        bad.add_documents([1, 2], [2], [2])
+    with pytest.raises(ValueError, match="sequences_per_document must be >= 0, got -1"):
+        bad.add_documents([1, 2], [2], [2, -1])
+    with pytest.raises(OverflowError, match="token 70000 does not fit"):
+        bad.add_documents([70000], [1], [1])
