@@ -71,4 +71,19 @@ def test_demo_runs_end_to_end(tmp_path: object) -> None:
     assert "built the blend" in result.stdout
     assert "again from the cache" in result.stdout
     assert "done:" in result.stdout
+    assert "the Jargon File" in result.stdout
+    assert "decodes back exactly: True" in result.stdout
     assert "own data" in _cli("demo", "--help").stdout
+
+
+def test_demo_corpus_ships_inside_the_package() -> None:
+    import gzip
+    import json
+    from importlib.resources import files
+
+    corpus = files("tokenmill").joinpath("data/jargon.jsonl.gz")
+    with corpus.open("rb") as raw, gzip.open(raw, "rt", encoding="utf-8") as stream:
+        entries = [json.loads(line) for line in stream]
+    assert len(entries) == 2307
+    assert entries[0]["term"] == "(TM)" and entries[-1]["term"] == "zorkmid"
+    assert all(entry["text"].startswith(f":{entry['term']}:") for entry in entries)

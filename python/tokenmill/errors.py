@@ -22,3 +22,9 @@ class CacheError(TokenmillError, RuntimeError):
 
 class PerformanceWarning(UserWarning):
     """A setting that keeps results correct but is known to be slow (e.g. dense attention masks)."""
+
+
+class TokenizerMismatchError(DataFormatError):
+    """Datasets (or a dataset and a tokenizer) come from different tokenizers: their fingerprints
+    (kind, file sha256, vocabulary size, special ids) differ, so their token ids mean different
+    things and must not be mixed."""

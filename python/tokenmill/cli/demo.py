@@ -1,71 +1,85 @@
-"""``tokenmill demo``: write shards, build a blended train/valid/test split, stream batches.
+"""``tokenmill demo``: tokenize a real corpus, build a blended train/valid/test split, stream batches.
 
-Everything runs offline on text made on the spot: documents are sentences of the Zen of
-Python (from the standard library's ``this`` module) in a seeded random order, tokenized as
-UTF-8 bytes (ids 0-255, EOD = 256). The demo then does what a Megatron trainer does at start-up
-and during training, through tokenmill's Megatron-compatible API, and reports the timings.
+Everything runs offline on the corpus shipped inside the package: the Jargon File 4.4.7 (public
+domain; 2,307 lexicon entries, 1.3 MB of text, one document per entry). The demo
+
+1. tokenizes it with the built-in byte tokenizer through the parallel, restartable pipeline
+   (``tokenmill tokenize``) into two Megatron ``.bin/.idx`` datasets (the first and second half of the lexicon) and
+   checks that they decode back to the input exactly;
+2. if HF ``tokenizers`` is installed, trains a 4k byte-level BPE on the spot, tokenizes the
+   corpus with it, and shows that mixing its shards with the byte-level ones is refused;
+3. builds a 60/40 blend with a 90/5/5 train/valid/test split (``BlendedMegatronDatasetBuilder``
+   + ``GPTDataset``, megatron-core's API), twice, the second time from the index cache;
+4. streams the training split through a torch DataLoader and reports the throughput.
 """
 
 from __future__ import annotations
 
 import argparse
-import codecs
+import gzip
+import json
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 EPILOG = """\
 The same steps with your own data:
-  1. write shards with tokenmill.IndexedDatasetBuilder (or megatron's preprocess_data.py);
-  2. build splits with tokenmill.BlendedMegatronDatasetBuilder(GPTDataset, sizes,
-     lambda: True, GPTDatasetConfig(blend=([prefix, ...], [weight, ...]), split="969,30,1",
-     sequence_length=..., random_seed=..., tokenizer=..., path_to_cache=...));
-  3. iterate the returned datasets with a torch DataLoader.
+  1. tokenize it (jsonl, jsonl.gz, jsonl.zst, parquet or txt; files, globs or directories):
+       tokenmill tokenize 'data/web/*.jsonl.gz' --tokenizer tokenizer.json --output data/web \\
+           --workers 8
+     (--tokenizer bytes | tokenizer.json (HF) | gpt2.tiktoken; --column for parquet,
+      --txt-mode line for one document per line; see `tokenmill tokenize --help`)
+  2. build the splits in Python, exactly as megatron-core does:
+       from tokenmill import BlendedMegatronDatasetBuilder, GPTDataset, GPTDatasetConfig
+       from tokenmill.tokenize import load_tokenizer
+       config = GPTDatasetConfig(
+           blend=(["data/web", "data/code"], [0.7, 0.3]), split="969,30,1",
+           sequence_length=2048, random_seed=1234, tokenizer=load_tokenizer("tokenizer.json"),
+           path_to_cache="cache", reset_position_ids=False, reset_attention_mask=False,
+           eod_mask_loss=False, create_attention_mask=False)
+       train, valid, test = BlendedMegatronDatasetBuilder(
+           GPTDataset, [n_train, n_valid, n_test], lambda: True, config).build()
+  3. iterate them with torch.utils.data.DataLoader.
+Or stream parquet text straight into [B, T] batches with exact resume:
+  tokenmill.tokenize.ParquetTokenLoader(files, B, T, "tokenizer.json").
 See the README for each step.
 """
-
-EOD = 256
-
-
-class ByteTokenizer:
-    """UTF-8 bytes as token ids, plus an end-of-document id (what GPTDatasetConfig reads)."""
-
-    vocab_size = 257
-    eod = EOD
-
-    def __init__(self) -> None:
-        self.unique_identifiers = {"class": "ByteTokenizer", "vocab_size": 257}
-
-    def encode(self, text: str) -> list[int]:
-        return [*text.encode("utf-8"), EOD]
-
-    def decode(self, tokens: list[int]) -> str:
-        return bytes(t for t in tokens if t < 256).decode("utf-8", errors="replace")
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser(
         "demo",
-        help="run an end-to-end example on embedded data (offline, a few seconds)",
+        help="run an end-to-end example on the embedded Jargon File (offline, a few seconds)",
         description=__doc__,
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--output-dir", type=Path, help="keep the shards and caches here")
-    parser.add_argument("--documents", type=int, default=3000, help="documents per corpus")
+    parser.add_argument("--output-dir", type=Path, help="keep the datasets and caches here")
+    parser.add_argument(
+        "--documents", type=int, help="use only the first N entries (default: all 2,307)"
+    )
     parser.add_argument("--sequence-length", type=int, default=256)
     parser.add_argument("--train-samples", type=int, default=4000)
+    parser.add_argument("--workers", type=int, default=0, help="tokenizer worker processes")
     parser.set_defaults(handler=run)
 
 
-def _sentences() -> list[str]:
-    import this  # prints the Zen when first imported (silenced by the caller); text is rot13
+def corpus_path() -> Path:
+    """The embedded corpus, ``tokenmill/data/jargon.jsonl.gz``."""
+    return Path(__file__).resolve().parent.parent / "data" / "jargon.jsonl.gz"
 
-    text = codecs.decode(this.s, "rot13")
-    return [line.strip() for line in text.splitlines() if line.strip()]
+
+def load_corpus(limit: int | None = None) -> list[dict[str, str]]:
+    """The Jargon File entries: ``{"term": ..., "text": ...}`` in lexicon order."""
+    with gzip.open(corpus_path(), "rt", encoding="utf-8") as stream:
+        entries = [json.loads(line) for line in stream]
+    return entries if limit is None else entries[:limit]
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.documents is not None and args.documents < 2:
+        raise SystemExit(f"tokenmill demo: --documents must be >= 2, got {args.documents}")
     if args.output_dir is None:
         with tempfile.TemporaryDirectory(prefix="tokenmill-demo-") as directory:
             return _demo(Path(directory), args)
@@ -73,68 +87,139 @@ def run(args: argparse.Namespace) -> int:
     return _demo(args.output_dir, args)
 
 
-def _demo(directory: Path, args: argparse.Namespace) -> int:
-    import contextlib
-    import io
+def _train_bpe(texts: list[str], path: Path) -> bool:
+    try:
+        from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    except ImportError:
+        return False
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=4096,
+        special_tokens=["<|endoftext|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(texts, trainer)
+    tokenizer.save(str(path))
+    return True
 
+
+def _demo(directory: Path, args: argparse.Namespace) -> int:
     import numpy as np
 
     from tokenmill.datasets.builder import BlendedMegatronDatasetBuilder
     from tokenmill.datasets.gpt import GPTDataset, GPTDatasetConfig
-    from tokenmill.formats.megatron import IndexedDataset, IndexedDatasetBuilder
+    from tokenmill.errors import TokenizerMismatchError
+    from tokenmill.formats.megatron import IndexedDataset
+    from tokenmill.tokenize.fingerprint import check_tokenizer
+    from tokenmill.tokenize.pipeline import TokenizeConfig, tokenize
+    from tokenmill.tokenize.tokenizers import ByteTokenizer, TokenizerSpec, load_tokenizer
 
-    with contextlib.redirect_stdout(io.StringIO()):
-        sentences = _sentences()
-    tokenizer = ByteTokenizer()
-    rng = np.random.default_rng(0)
-    prefixes = []
-    started = time.perf_counter()
-    total_tokens = 0
-    for name in ("zen-a", "zen-b", "zen-c"):
-        prefix = str(directory / name)
-        builder = IndexedDatasetBuilder(prefix + ".bin", dtype=np.uint16)
-        for _ in range(args.documents):
-            count = int(rng.integers(1, 8))
-            picked = rng.choice(len(sentences), count)
-            tokens = tokenizer.encode(" ".join(sentences[i] for i in picked))
-            total_tokens += len(tokens)
-            builder.add_document(np.asarray(tokens, dtype=np.uint16), [len(tokens)])
-        builder.finalize(prefix + ".idx")
-        prefixes.append(prefix)
-    write_seconds = time.perf_counter() - started
+    entries = load_corpus(args.documents)
+    text_bytes = sum(len(entry["text"].encode("utf-8")) for entry in entries)
     print(
-        f"wrote 3 Megatron .bin/.idx corpora: {3 * args.documents:,} documents, "
-        f"{total_tokens:,} tokens in {write_seconds:.2f} s  ({directory})"
+        f"corpus: the Jargon File 4.4.7 (public domain), {len(entries):,} entries, "
+        f"{text_bytes / 1e6:.2f} MB ({corpus_path().name}, shipped in the package)"
+    )
+    middle = len(entries) // 2
+    halves = {
+        "jargon-1": [entry["text"] for entry in entries[:middle]],
+        "jargon-2": [entry["text"] for entry in entries[middle:]],
+    }
+    inputs = {}
+    for name, texts in halves.items():
+        path = directory / f"{name}.jsonl"
+        path.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts), encoding="utf-8")
+        inputs[name] = path
+
+    # 1. the byte tokenizer through the pipeline
+    byte_tokenizer = ByteTokenizer()
+    prefixes, tokens, seconds = [], 0, 0.0
+    for name, path in inputs.items():
+        result = tokenize(
+            TokenizeConfig(
+                inputs=(str(path),),
+                output_prefix=str(directory / name),
+                workers=args.workers,
+                progress=False,
+            )
+        )
+        prefixes.append(str(directory / name))
+        tokens += result.tokens
+        seconds += result.seconds
+    first_dataset = IndexedDataset(prefixes[0])
+    exact = all(
+        byte_tokenizer.decode(first_dataset[i]) == text for i, text in enumerate(halves["jargon-1"])
+    )
+    print(
+        f"tokenized with the built-in byte tokenizer (ids 0-255, EOD {byte_tokenizer.EOD}): "
+        f"{len(halves['jargon-1']):,} + {len(halves['jargon-2']):,} documents, "
+        f"{tokens:,} tokens in {seconds:.2f} s ({text_bytes / max(seconds, 1e-9) / 1e6:.1f} "
+        f"MB/s), dtype {np.dtype(first_dataset.dtype).name}; decodes back exactly: {exact}"
     )
 
+    # 2. a BPE trained on the spot, and the fingerprint check
+    bpe_path = directory / "bpe-4k.tokenizer.json"
+    started = time.perf_counter()
+    texts = [entry["text"] for entry in entries]
+    if _train_bpe(texts, bpe_path):
+        trained = time.perf_counter() - started
+        bpe = load_tokenizer(str(bpe_path))
+        result = tokenize(
+            TokenizeConfig(
+                inputs=tuple(str(path) for path in inputs.values()),
+                output_prefix=str(directory / "jargon-bpe"),
+                tokenizer=TokenizerSpec.parse(str(bpe_path)),
+                workers=args.workers,
+                progress=False,
+            )
+        )
+        bpe_dataset = IndexedDataset(str(directory / "jargon-bpe"))
+        round_trip = bpe.decode(bpe_dataset[0][:-1]) == halves["jargon-1"][0]
+        print(
+            f"trained a {bpe.vocab_size}-token byte-level BPE in {trained:.2f} s; tokenized: "
+            f"{result.tokens:,} tokens ({text_bytes / result.tokens:.2f} bytes/token) in "
+            f"{result.seconds:.2f} s; decodes back: {round_trip}"
+        )
+        try:
+            check_tokenizer(prefixes[0], bpe)
+        except TokenizerMismatchError as error:
+            print(f"mixing byte-level and BPE shards is refused: {str(error)[:96]}...")
+    else:
+        print("(HF tokenizers is not installed: skipped the BPE step; pip install tokenizers)")
+
+    # 3. a blended train/valid/test split, built twice (the second time from the cache)
     config = GPTDatasetConfig(
         random_seed=1234,
         sequence_length=args.sequence_length,
-        blend=(prefixes, [0.5, 0.3, 0.2]),
+        blend=(prefixes, [0.6, 0.4]),
         split="90,5,5",
-        tokenizer=tokenizer,
+        tokenizer=byte_tokenizer,
         path_to_cache=str(directory / "cache"),
         reset_position_ids=False,
         reset_attention_mask=False,
         eod_mask_loss=False,
         create_attention_mask=False,
     )
-    sizes = [args.train_samples, args.train_samples // 20, args.train_samples // 20]
+    sizes = [args.train_samples, max(1, args.train_samples // 20), max(1, args.train_samples // 20)]
     timings = []
+    splits: list[Any] = []
     for _ in range(2):
         started = time.perf_counter()
-        train, valid, test = BlendedMegatronDatasetBuilder(
-            GPTDataset, sizes, lambda: True, config
-        ).build()
+        splits = BlendedMegatronDatasetBuilder(GPTDataset, sizes, lambda: True, config).build()
         timings.append(time.perf_counter() - started)
+    train, valid, test = splits
     print(
-        f"built the blend (weights 0.5/0.3/0.2, split 90,5,5): train {len(train):,}, "
+        f"built the blend (weights 0.6/0.4, split 90,5,5): train {len(train):,}, "
         f"valid {len(valid):,}, test {len(test):,} samples of {args.sequence_length} tokens "
         f"in {timings[0]:.3f} s; again from the cache in {timings[1]:.3f} s"
     )
-    counts = np.bincount(np.asarray(train.dataset_index), minlength=3)
-    print(f"train samples per corpus: {counts.tolist()} (asked 50% / 30% / 20%)")
+    counts = np.bincount(np.asarray(train.dataset_index), minlength=2)
+    print(f"train samples per dataset: {counts.tolist()} (asked 60% / 40%)")
 
+    # 4. stream batches
     import torch
 
     loader = torch.utils.data.DataLoader(train, batch_size=32, shuffle=False, num_workers=0)
@@ -142,7 +227,8 @@ def _demo(directory: Path, args: argparse.Namespace) -> int:
     batches = 0
     for batch in loader:
         batches += 1
-        assert batch["tokens"].shape == (batch["tokens"].shape[0], args.sequence_length)
+        if batch["tokens"].shape[1] != args.sequence_length:
+            raise RuntimeError(f"batch of shape {tuple(batch['tokens'].shape)}")
     seconds = time.perf_counter() - started
     samples = len(train)
     print(
@@ -150,12 +236,11 @@ def _demo(directory: Path, args: argparse.Namespace) -> int:
         f"{samples * args.sequence_length / seconds / 1e6:.1f} M tokens/s"
     )
     first = train[0]
-    text = tokenizer.decode(first["tokens"][:120].tolist())
-    print(f"train[0] (corpus {int(first['dataset_id'])}) begins: {text!r}")
-    low_level = IndexedDataset(prefixes[0])
+    text = byte_tokenizer.decode(first["tokens"][:100])
+    print(f"train[0] (dataset {int(first['dataset_id'])}) begins: {text!r}")
     print(
-        f"corpus zen-a: {len(low_level):,} sequences, dtype {low_level.dtype.__name__}, "
-        f"cache files: {len(list((directory / 'cache').glob('*.npy')))} .npy"
+        f"files in {directory}: {', '.join(sorted(p.name for p in directory.glob('jargon-1*')))}"
+        f"; cache: {len(list((directory / 'cache').glob('*.npy')))} .npy"
     )
     print("done: see `tokenmill demo --help` to run the same steps on your own data")
     return 0

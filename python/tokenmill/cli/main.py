@@ -17,9 +17,15 @@ Registrar = Callable[["argparse._SubParsersAction[argparse.ArgumentParser]"], No
 
 
 def _subcommand_registrars() -> list[Registrar]:
-    from tokenmill.cli import bench, convert, demo, inspect_cmd
+    from tokenmill.cli import bench, convert, demo, inspect_cmd, tokenize_cmd
 
-    return [demo.register, convert.register, inspect_cmd.register, bench.register]
+    return [
+        demo.register,
+        tokenize_cmd.register,
+        convert.register,
+        inspect_cmd.register,
+        bench.register,
+    ]
 
 
 def build_parser() -> argparse.ArgumentParser:

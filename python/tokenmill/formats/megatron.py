@@ -953,49 +953,65 @@ class IndexedDatasetBuilder:
         if self._sequence_modes is not None and modes_array is not None:
             self._sequence_modes.extend(modes_array)
 
-    def add_documents(self, tokens: Any, lengths: npt.ArrayLike) -> None:
-        """Append many single-sequence documents at once (tokenmill only; no megatron equivalent).
+    def add_documents(
+        self,
+        tokens: Any,
+        sequence_lengths: npt.ArrayLike,
+        sequences_per_document: npt.ArrayLike | None = None,
+    ) -> None:
+        """Append many documents at once (tokenmill's bulk form of :meth:`add_document`).
 
-        The same as ``add_document(part, [len(part)])`` for each part, in one write: what
-        ``tokenmill convert`` uses to stream millions of documents.
+        The result is byte-identical to calling ``add_document`` once per document; documents
+        with zero sequences add a repeated boundary, as ``add_document(x, lengths=[])`` does.
 
         Args:
             tokens: the tokens of all documents, concatenated.
-            lengths: the token count of each document; they must sum to the token count.
+            sequence_lengths: the length of each sequence, in order.
+            sequences_per_document: how many of those sequences each document has (None: one
+                sequence per document, the common case of ``tokenmill convert``).
 
         Raises:
-            ValueError: a length is negative, or they do not sum to the token count.
-            OverflowError: a token or a length does not fit its dtype.
+            ValueError: a count is negative, or the counts do not add up to the tokens and
+                sequences given.
+            OverflowError: a token or length does not fit its dtype.
+            TypeError: the tokens are floats and the dtype is an integer type, or not numeric.
         """
         self._check_open()
-        if self._sequence_modes is not None:
-            raise ValueError(f"{self.bin_path}: add_documents does not record multimodal modes")
         array = self._convert(tokens)
-        lengths_array = _as_flat_array(lengths).astype(numpy.int64)
-        if lengths_array.shape[0] == 0:
-            if array.shape[0]:
-                raise ValueError(f"{self.bin_path}: {array.shape[0]} tokens but no lengths")
-            return
-        if int(lengths_array.min()) < 0:
-            raise ValueError(
-                f"{self.bin_path}: lengths must be >= 0, got {int(lengths_array.min())}"
-            )
-        if int(lengths_array.max()) > numpy.iinfo(numpy.int32).max:
-            raise OverflowError(
-                f"{self.bin_path}: length {int(lengths_array.max())} exceeds the int32 length "
-                "field of the index"
-            )
-        if int(lengths_array.sum()) != array.shape[0]:
-            raise ValueError(
-                f"{self.bin_path}: lengths sum to {int(lengths_array.sum())} but there are "
-                f"{array.shape[0]} tokens"
-            )
-        first = len(self._sequence_lengths)
-        self._write(array)
-        self._sequence_lengths.extend(lengths_array)
-        self._document_indices.extend(
-            numpy.arange(first + 1, first + 1 + lengths_array.shape[0], dtype=numpy.int64)
+        lengths = numpy.asarray(sequence_lengths).reshape(-1)
+        counts = (
+            numpy.ones(lengths.shape[0], dtype=numpy.int64)
+            if sequences_per_document is None
+            else numpy.asarray(sequences_per_document).reshape(-1)
         )
+        for name, values in (("sequence_lengths", lengths), ("sequences_per_document", counts)):
+            if values.shape[0] and values.dtype.kind not in "iu":
+                raise TypeError(f"{self.bin_path}: {name} must be integers, got {values.dtype}")
+            if values.shape[0] and int(values.min()) < 0:
+                raise ValueError(f"{self.bin_path}: {name} must be >= 0, got {int(values.min())}")
+        if lengths.shape[0] and int(lengths.max()) > numpy.iinfo(numpy.int32).max:
+            raise OverflowError(
+                f"{self.bin_path}: length {int(lengths.max())} exceeds the int32 length field of "
+                "the index"
+            )
+        total = int(lengths.sum(dtype=numpy.int64))
+        if total != array.shape[0]:
+            raise ValueError(
+                f"{self.bin_path}: sequence_lengths sum to {total} but {array.shape[0]} tokens "
+                "were given"
+            )
+        sequences = int(counts.sum(dtype=numpy.int64))
+        if sequences != lengths.shape[0]:
+            raise ValueError(
+                f"{self.bin_path}: sequences_per_document sum to {sequences} but "
+                f"{lengths.shape[0]} sequence lengths were given"
+            )
+        if self._sequence_modes is not None:
+            raise ValueError(f"{self.bin_path}: add_documents does not take multimodal modes")
+        self._write(array)
+        offset = len(self._sequence_lengths)
+        self._sequence_lengths.extend(lengths.astype(numpy.int64, copy=False))
+        self._document_indices.extend(numpy.cumsum(counts, dtype=numpy.int64) + offset)
 
     def add_index(self, path_prefix: str) -> None:
         """Append a whole existing dataset: its sequences, documents, modes and tokens.

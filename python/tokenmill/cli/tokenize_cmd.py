@@ -1,0 +1,174 @@
+"""``tokenmill tokenize`` and ``tokenmill merge``: text corpora to Megatron ``.bin/.idx``.
+
+The work is done by :mod:`tokenmill.tokenize`; this module only parses arguments and maps
+errors to a one-line message and exit status 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+TOKENIZE_EPILOG = """\
+examples:
+  # the built-in byte tokenizer, EOD after every document, 2 worker processes
+  tokenmill tokenize data/*.jsonl.gz --output out/web --workers 2
+  # a HF tokenizer.json, parquet inputs with the text in column "content"
+  tokenmill tokenize shards/ --column content --tokenizer tokenizer.json --output out/web
+  # tiktoken GPT-2 from a local file; BOS before each document; 2048-token windows
+  tokenmill tokenize corpus.jsonl.zst --tokenizer gpt2.tiktoken --prepend-bos \\
+      --window 2048 --overlap 128 --output out/corpus
+  # 8 machines (or a SLURM array: SLURM_ARRAY_TASK_ID/COUNT), then one merge
+  tokenmill tokenize 'data/**/*.jsonl' --rank $R --world-size 8 --output out/web
+  tokenmill merge out/web.parts --output out/web
+
+A killed run is resumed by running the same command again: finished inputs are skipped.
+Output: <output>.bin/.idx (megatron-core's format) and <output>.tokenmill.json (the tokenizer
+fingerprint that `merge` and tokenmill.tokenize.check_tokenizer compare).
+"""
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add the ``tokenize`` and ``merge`` subcommands."""
+    parser = subparsers.add_parser(
+        "tokenize",
+        help="tokenize jsonl/jsonl.gz/jsonl.zst/parquet/txt into Megatron .bin/.idx",
+        description="Tokenize text files into one Megatron .bin/.idx dataset, in parallel, "
+        "restartably, byte-identically for any worker count.",
+        epilog=TOKENIZE_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("inputs", nargs="+", help="files, globs ('**' recurses) or directories")
+    parser.add_argument("--output", "-o", required=True, help="output prefix (no .bin/.idx)")
+    parser.add_argument(
+        "--tokenizer",
+        default="bytes",
+        help="'bytes' (built in: UTF-8 bytes, BOS 256, EOD 257), a HF tokenizer.json, or a "
+        ".tiktoken BPE file (GPT-2 pattern) [default: bytes]",
+    )
+    parser.add_argument("--bos-token", help="BOS token string (HF/tiktoken); default: the EOD")
+    parser.add_argument(
+        "--eod-token", help="EOD token string (HF/tiktoken); default: <|endoftext|>"
+    )
+    parser.add_argument("--json-key", default="text", help="JSON field with the text [text]")
+    parser.add_argument("--column", default="text", help="parquet column with the text [text]")
+    parser.add_argument(
+        "--txt-mode",
+        choices=("file", "line"),
+        default="file",
+        help=".txt inputs: one document per file or per line [file]",
+    )
+    parser.add_argument("--prepend-bos", action="store_true", help="put BOS before each document")
+    parser.add_argument(
+        "--append-eod",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="put EOD after each document (megatron's --append-eod) [on]",
+    )
+    parser.add_argument("--window", type=int, help="split documents into windows of N tokens")
+    parser.add_argument(
+        "--overlap", type=int, default=0, help="tokens shared by consecutive windows (<= N/2)"
+    )
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=min(os.cpu_count() or 1, 8),
+        help="worker processes; 0 runs in this process [min(cores, 8)]",
+    )
+    parser.add_argument("--chunk-mb", type=float, default=1.0, help="work chunk size [1 MB]")
+    parser.add_argument("--rank", type=int, help="this machine's rank [env RANK, SLURM, 0]")
+    parser.add_argument("--world-size", type=int, help="number of machines [env, 1]")
+    parser.add_argument(
+        "--format",
+        choices=("megatron", "nanogpt"),
+        default="megatron",
+        help="output format; nanogpt (.bin + .bos.idx) is not in this build yet [megatron]",
+    )
+    parser.add_argument("--keep-parts", action="store_true", help="keep <output>.parts/")
+    parser.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+    parser.set_defaults(handler=run_tokenize)
+
+    merge = subparsers.add_parser(
+        "merge",
+        help="concatenate .bin/.idx datasets (or a <prefix>.parts directory) into one",
+        description="Concatenate datasets in order with megatron's add_index semantics. "
+        "A directory argument stands for its datasets, sorted (megatron's merge_datasets.py). "
+        "Datasets tokenized with different tokenizers are refused.",
+    )
+    merge.add_argument("inputs", nargs="+", help="dataset prefixes or directories")
+    merge.add_argument("--output", "-o", required=True, help="output prefix")
+    merge.add_argument(
+        "--allow-missing-fingerprint",
+        action="store_true",
+        help="also merge datasets without a .tokenmill.json (not written by tokenmill)",
+    )
+    merge.add_argument("--quiet", "-q", action="store_true")
+    merge.set_defaults(handler=run_merge)
+
+
+def _fail(error: BaseException) -> int:
+    sys.stderr.write(f"tokenmill: error: {error}\n")
+    return 1
+
+
+def run_tokenize(args: argparse.Namespace) -> int:
+    """Handler of ``tokenmill tokenize``."""
+    from tokenmill.errors import TokenmillError
+    from tokenmill.tokenize.pipeline import TokenizeConfig, resolve_rank, tokenize
+    from tokenmill.tokenize.readers import ReadOptions
+    from tokenmill.tokenize.tokenizers import TokenizerSpec
+
+    try:
+        rank, world_size = resolve_rank(args.rank, args.world_size)
+        config = TokenizeConfig(
+            inputs=tuple(args.inputs),
+            output_prefix=args.output,
+            tokenizer=TokenizerSpec.parse(args.tokenizer, args.bos_token, args.eod_token),
+            read=ReadOptions(
+                json_key=args.json_key,
+                column=args.column,
+                txt_mode=args.txt_mode,
+                chunk_bytes=max(1, int(args.chunk_mb * (1 << 20))),
+            ),
+            prepend_bos=args.prepend_bos,
+            append_eod=args.append_eod,
+            window=args.window,
+            overlap=args.overlap,
+            workers=args.workers,
+            rank=rank,
+            world_size=world_size,
+            output_format=args.format,
+            keep_parts=args.keep_parts,
+            progress=not args.quiet,
+        )
+        result = tokenize(config)
+    except (TokenmillError, ValueError, OSError, NotImplementedError) as error:
+        return _fail(error)
+    if not args.quiet:
+        where = result.output_prefix or f"{len(result.parts)} part(s)"
+        sys.stderr.write(
+            f"[tokenize] done: {result.documents:,} documents, {result.tokens:,} tokens in "
+            f"{result.seconds:.2f} s -> {where}\n"
+        )
+    return 0
+
+
+def run_merge(args: argparse.Namespace) -> int:
+    """Handler of ``tokenmill merge``."""
+    from tokenmill.errors import TokenmillError
+    from tokenmill.tokenize.merge import find_prefixes, merge_datasets
+
+    try:
+        prefixes: list[str] = []
+        for item in args.inputs:
+            prefixes.extend(find_prefixes(item) if os.path.isdir(item) else [item])
+        merge_datasets(
+            prefixes,
+            args.output,
+            allow_missing_fingerprint=args.allow_missing_fingerprint,
+            progress=not args.quiet,
+        )
+    except (TokenmillError, ValueError, OSError) as error:
+        return _fail(error)
+    return 0

@@ -1,0 +1,161 @@
+"""The tokenizer fingerprint sidecar written next to every tokenized dataset.
+
+``<prefix>.tokenmill.json`` (a name HF's ``tokenizer.json`` cannot collide with) holds::
+
+    {"format": "tokenmill.dataset", "version": 1,
+     "tokenizer": {"kind": "tiktoken", "sha256": "306c...", "vocab_size": 50257,
+                   "bos_id": 50256, "eod_id": 50256},
+     "options": {"prepend_bos": false, "append_eod": true, "window": null, "overlap": 0},
+     "dtype": "uint16", "documents": 8854, "sequences": 8854, "tokens": 18161046,
+     "inputs": [...]}
+
+Two datasets may be mixed (merged, blended) only if their ``tokenizer`` objects are equal:
+:func:`check_tokenizer` and :func:`check_compatible` raise
+:class:`~tokenmill.errors.TokenizerMismatchError` naming both sides and the differing field.
+The sidecar is written to a temporary name and renamed, after the ``.bin`` and ``.idx``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Mapping
+from typing import Any
+
+from tokenmill.errors import DataFormatError, TokenizerMismatchError
+from tokenmill.tokenize.tokenizers import Tokenizer
+
+__all__ = [
+    "SIDECAR_SUFFIX",
+    "check_compatible",
+    "check_tokenizer",
+    "read_sidecar",
+    "sidecar_path",
+    "write_json_atomic",
+    "write_sidecar",
+]
+
+SIDECAR_SUFFIX = ".tokenmill.json"
+FORMAT = "tokenmill.dataset"
+VERSION = 1
+_FIELDS = ("kind", "sha256", "vocab_size", "bos_id", "eod_id")
+
+
+def sidecar_path(prefix: str) -> str:
+    """``<prefix>.tokenmill.json``."""
+    return os.fspath(prefix) + SIDECAR_SUFFIX
+
+
+def write_json_atomic(path: str, payload: Mapping[str, Any]) -> None:
+    """Write JSON to a temporary file beside ``path``, fsync it, and rename it into place."""
+    directory, name = os.path.split(os.path.abspath(path))
+    descriptor, temporary = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=directory)
+    try:
+        with os.fdopen(descriptor, "w", encoding="utf-8") as stream:
+            json.dump(payload, stream, indent=1, sort_keys=True)
+            stream.write("\n")
+            stream.flush()
+            os.fsync(stream.fileno())
+        os.chmod(temporary, 0o644)
+        os.replace(temporary, path)
+    except BaseException:
+        if os.path.exists(temporary):
+            os.remove(temporary)
+        raise
+
+
+def write_sidecar(prefix: str, tokenizer: Mapping[str, Any], **fields: Any) -> dict[str, Any]:
+    """Write ``<prefix>.tokenmill.json`` with a tokenizer fingerprint and other fields.
+
+    Returns:
+        The payload written.
+    """
+    payload = {"format": FORMAT, "version": VERSION, "tokenizer": dict(tokenizer), **fields}
+    write_json_atomic(sidecar_path(prefix), payload)
+    return payload
+
+
+def read_sidecar(prefix: str) -> dict[str, Any]:
+    """The sidecar of a dataset prefix.
+
+    Raises:
+        DataFormatError: the sidecar is missing, not JSON, or not a tokenmill sidecar.
+    """
+    path = sidecar_path(prefix)
+    try:
+        with open(path, encoding="utf-8") as stream:
+            payload = json.load(stream)
+    except FileNotFoundError:
+        raise DataFormatError(
+            f"{path}: no tokenizer fingerprint for dataset {prefix!r}; it was not written by "
+            "tokenmill tokenize (pass --allow-missing-fingerprint to merge it anyway)"
+        ) from None
+    except ValueError as error:
+        raise DataFormatError(f"{path}: not valid JSON: {error}") from error
+    if not isinstance(payload, dict) or payload.get("format") != FORMAT:
+        found = payload.get("format") if isinstance(payload, dict) else type(payload).__name__
+        raise DataFormatError(f"{path}: format is {found!r}, expected {FORMAT!r}")
+    if payload.get("version") != VERSION:
+        raise DataFormatError(
+            f"{path}: unsupported sidecar version {payload.get('version')!r}, expected {VERSION}"
+        )
+    tokenizer = payload.get("tokenizer")
+    if not isinstance(tokenizer, dict) or any(field not in tokenizer for field in _FIELDS):
+        raise DataFormatError(f"{path}: 'tokenizer' must hold {list(_FIELDS)}, got {tokenizer!r}")
+    return payload
+
+
+def _compare(
+    expected: Mapping[str, Any], found: Mapping[str, Any], expected_name: str, found_name: str
+) -> None:
+    for field in _FIELDS:
+        if expected.get(field) != found.get(field):
+            raise TokenizerMismatchError(
+                f"tokenizer mismatch: {found_name} has {field}={found.get(field)!r} but "
+                f"{expected_name} has {field}={expected.get(field)!r} "
+                f"(kinds {found.get('kind')!r} / {expected.get('kind')!r}); shards tokenized "
+                "with different tokenizers cannot be mixed"
+            )
+
+
+def check_tokenizer(prefix: str, tokenizer: Tokenizer | Mapping[str, Any]) -> dict[str, Any]:
+    """Check that a dataset was tokenized with ``tokenizer``.
+
+    Args:
+        prefix: the dataset prefix (``<prefix>.bin``, ``.idx``, ``.tokenmill.json``).
+        tokenizer: a loaded tokenizer or a fingerprint dict.
+
+    Returns:
+        The dataset's sidecar.
+
+    Raises:
+        DataFormatError: the sidecar is missing or malformed.
+        TokenizerMismatchError: the fingerprints differ (names the field and both values).
+    """
+    payload = read_sidecar(prefix)
+    expected = tokenizer.fingerprint() if isinstance(tokenizer, Tokenizer) else tokenizer
+    name = tokenizer.describe() if isinstance(tokenizer, Tokenizer) else "the given tokenizer"
+    _compare(expected, payload["tokenizer"], name, f"dataset {prefix!r}")
+    return payload
+
+
+def check_compatible(prefixes: list[str]) -> dict[str, Any]:
+    """Check that datasets share one tokenizer fingerprint and return it.
+
+    Raises:
+        DataFormatError: a sidecar is missing or malformed.
+        TokenizerMismatchError: two datasets differ (names both and the field).
+        ValueError: no prefixes.
+    """
+    if not prefixes:
+        raise ValueError("no datasets given")
+    first = read_sidecar(prefixes[0])["tokenizer"]
+    for prefix in prefixes[1:]:
+        _compare(
+            first,
+            read_sidecar(prefix)["tokenizer"],
+            f"dataset {prefixes[0]!r}",
+            f"dataset {prefix!r}",
+        )
+    return dict(first)

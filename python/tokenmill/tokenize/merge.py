@@ -1,0 +1,173 @@
+"""Concatenate datasets into one, with megatron's ``add_index`` semantics and fingerprint checks.
+
+``merge_datasets([a, b, c], out)`` writes ``out.bin/.idx`` whose sequences and documents are
+those of ``a``, then ``b``, then ``c`` (megatron's ``tools/merge_datasets.py``: the builder takes
+the first dataset's dtype and ``add_index`` appends each one). Before anything is written, every
+input's ``.tokenmill.json`` fingerprint must match the first (else
+:class:`~tokenmill.errors.TokenizerMismatchError` names both datasets and the field); datasets
+without a fingerprint are refused unless ``allow_missing_fingerprint``. The output's ``.idx``
+and sidecar are removed first and written last, each through a temporary name, so a reader
+never pairs an old index with a new ``.bin``.
+
+``find_prefixes`` turns a directory into its dataset prefixes, sorted, as megatron's tool does;
+for a ``<prefix>.parts`` directory it also checks that every part of the run is present.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import os
+import re
+from collections.abc import Sequence
+from typing import Any
+
+import numpy
+
+from tokenmill.errors import DataFormatError
+from tokenmill.formats.megatron import (
+    IndexedDataset,
+    IndexedDatasetBuilder,
+    get_bin_path,
+    get_idx_path,
+)
+from tokenmill.tokenize.fingerprint import (
+    SIDECAR_SUFFIX,
+    check_compatible,
+    read_sidecar,
+    sidecar_path,
+    write_sidecar,
+)
+
+__all__ = ["find_prefixes", "merge_datasets"]
+
+_PART = re.compile(r"^part-(\d{6})-of-(\d{6})$")
+
+
+def find_prefixes(directory: str) -> list[str]:
+    """The dataset prefixes in a directory (``X.idx`` with ``X.bin``), sorted.
+
+    Raises:
+        FileNotFoundError: the directory holds no dataset.
+        DataFormatError: an ``.idx`` has no ``.bin``, or the directory holds parts of different
+            runs or misses parts of one.
+    """
+    names = sorted(os.listdir(directory))
+    prefixes = []
+    for name in names:
+        if name.startswith(".") or not name.endswith(".idx"):
+            continue
+        prefix = os.path.join(directory, name[: -len(".idx")])
+        if not os.path.isfile(get_bin_path(prefix)):
+            raise DataFormatError(f"{get_idx_path(prefix)}: has no {get_bin_path(prefix)}")
+        prefixes.append(prefix)
+    if not prefixes:
+        raise FileNotFoundError(f"{directory}: no .bin/.idx datasets found")
+    parts = [_PART.match(os.path.basename(prefix)) for prefix in prefixes]
+    if any(parts):
+        totals = {int(match.group(2)) for match in parts if match}
+        if len(totals) != 1 or not all(parts):
+            raise DataFormatError(
+                f"{directory}: holds parts of different runs (part counts {sorted(totals)}) or "
+                "other datasets; merge them explicitly"
+            )
+        total = totals.pop()
+        present = {int(match.group(1)) for match in parts if match}
+        missing = sorted(set(range(total)) - present)
+        if missing:
+            shown = ", ".join(str(index) for index in missing[:10])
+            raise DataFormatError(
+                f"{directory}: {len(missing)} of {total} parts are missing (inputs {shown}"
+                f"{', ...' if len(missing) > 10 else ''}); run tokenize on the rank(s) that "
+                "own them first"
+            )
+    return prefixes
+
+
+def merge_datasets(
+    prefixes: Sequence[str],
+    output_prefix: str,
+    allow_missing_fingerprint: bool = False,
+    progress: bool = False,
+) -> dict[str, Any]:
+    """Concatenate datasets into ``output_prefix`` (see the module docstring).
+
+    Args:
+        prefixes: the datasets, in output order.
+        output_prefix: where the merged ``.bin/.idx/.tokenmill.json`` go.
+        allow_missing_fingerprint: also merge datasets that have no sidecar (those that have one
+            must still agree); the output then gets a sidecar only if every input had one.
+        progress: print one summary line on stderr.
+
+    Returns:
+        The output's sidecar payload (empty if no input had a fingerprint).
+
+    Raises:
+        FileNotFoundError: a dataset is missing.
+        DataFormatError: a dataset is corrupt, has another dtype, or lacks a fingerprint.
+        TokenizerMismatchError: two datasets come from different tokenizers.
+        ValueError: no datasets, or the output is one of the inputs.
+    """
+    prefixes = [os.path.abspath(os.fspath(prefix)) for prefix in prefixes]
+    output_prefix = os.path.abspath(os.fspath(output_prefix))
+    if not prefixes:
+        raise ValueError("merge needs at least one dataset")
+    if output_prefix in prefixes:
+        raise ValueError(f"the output {output_prefix!r} is also an input")
+    with_fingerprint = [p for p in prefixes if os.path.exists(sidecar_path(p))]
+    if allow_missing_fingerprint:
+        # the ones that have a fingerprint must still agree
+        fingerprint = check_compatible(with_fingerprint) if with_fingerprint else {}
+        if len(with_fingerprint) != len(prefixes):
+            fingerprint = {}  # the output cannot vouch for tokens of unknown origin
+    else:
+        fingerprint = check_compatible(prefixes)
+    sidecars = [read_sidecar(p) for p in with_fingerprint]
+
+    first = IndexedDataset(prefixes[0])
+    dtype = first.index.dtype
+    del first
+    directory, name = os.path.split(output_prefix)
+    leftovers = []  # temporary files of an earlier, killed merge into the same output
+    for suffix in (".bin", ".idx", SIDECAR_SUFFIX):
+        pattern = f".{glob.escape(name + suffix)}.*.tmp"
+        leftovers.extend(glob.glob(os.path.join(glob.escape(directory), pattern)))
+    for path in [get_idx_path(output_prefix), sidecar_path(output_prefix), *leftovers]:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(path)
+    os.makedirs(os.path.dirname(output_prefix) or ".", exist_ok=True)
+    builder = IndexedDatasetBuilder(get_bin_path(output_prefix), dtype=dtype)
+    for prefix in prefixes:
+        builder.add_index(prefix)
+    builder.finalize(get_idx_path(output_prefix))
+
+    merged = IndexedDataset(output_prefix)
+    documents = int(merged.document_indices.shape[0]) - 1
+    sequences = len(merged)
+    tokens = int(merged.sequence_lengths.sum(dtype="int64"))
+    del merged
+    payload: dict[str, Any] = {}
+    if fingerprint:
+        options = [sidecar.get("options") for sidecar in sidecars]
+        inputs: list[Any] = []
+        for sidecar in sidecars:
+            inputs.extend(sidecar.get("inputs") or [])
+        payload = write_sidecar(
+            output_prefix,
+            fingerprint,
+            options=options[0] if all(option == options[0] for option in options) else "mixed",
+            dtype=numpy.dtype(dtype).name,
+            documents=documents,
+            sequences=sequences,
+            tokens=tokens,
+            inputs=inputs,
+            merged_from=len(prefixes),
+        )
+    if progress:
+        import sys
+
+        sys.stderr.write(
+            f"[merge] {len(prefixes)} dataset(s) -> {output_prefix}.bin/.idx: {documents:,} "
+            f"documents, {tokens:,} tokens\n"
+        )
+    return payload

@@ -1,0 +1,633 @@
+"""The parallel, restartable tokenize pipeline: text files in, one Megatron ``.bin/.idx`` out.
+
+Algorithm:
+
+1. The inputs (files, globs, directories) are expanded and sorted; input ``i`` belongs to rank
+   ``i % world_size``. Each input becomes one *part*, ``<prefix>.parts/part-IIIIII-of-NNNNNN``
+   (a Megatron ``.bin/.idx`` plus a ``.tokenmill.json`` record).
+2. The parent streams each pending input as ordered chunks (:mod:`tokenmill.tokenize.readers`)
+   to a pool of ``workers`` processes (0: in this process). Each worker parses and encodes its
+   chunk (BOS/EOD, windowing, dtype) and returns flat arrays. At most ``2 * workers + 2`` chunks
+   are in flight, so memory stays bounded whatever the input size; results are consumed in
+   submission order, so the bytes written do not depend on the worker count.
+3. A part's ``.bin`` and ``.idx`` go to temporary names and are renamed when the input is done;
+   the record (the *manifest* entry: input path, size, mtime, job key, sizes, counts) is renamed
+   into place last. A part counts as done only if its record matches the current input and job
+   and the files have the recorded sizes, so a killed run resumes by skipping finished inputs and
+   redoing the rest, and a changed input or option is redone rather than reused.
+4. With ``world_size == 1`` the parts are concatenated (``IndexedDatasetBuilder.add_index``,
+   megatron's merge semantics) into ``<prefix>.bin/.idx`` with ``<prefix>.tokenmill.json``; the
+   parts directory is then removed unless ``keep_parts``. With several ranks each rank only
+   writes its parts, and ``tokenmill merge <prefix>.parts --output <prefix>`` assembles them.
+
+Each document becomes one sequence of one document in the output, exactly as megatron's
+``tools/preprocess_data.py`` writes it (``--append-eod`` appends the EOD id; an empty document
+becomes a document with no sequence and no EOD). ``window`` splits longer documents (after BOS
+and EOD are added) into sequences of at most ``window`` tokens, consecutive ones sharing
+``overlap`` tokens; they stay one document. The token dtype is ``DType.optimal_dtype(vocab)``.
+
+Cost: tokenization dominates (5-30 MB/s per core, see benchmarks/TOKENIZE.md); the parent only
+decompresses, cuts chunks at newlines and writes, which is two orders of magnitude cheaper.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob as glob_module
+import hashlib
+import json
+import os
+import shutil
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ProcessPoolExecutor
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy
+import numpy.typing as npt
+
+from tokenmill.errors import DataFormatError
+from tokenmill.formats.megatron import DType, IndexedDatasetBuilder, get_bin_path, get_idx_path
+from tokenmill.tokenize.fingerprint import read_sidecar, write_sidecar
+from tokenmill.tokenize.progress import Progress
+from tokenmill.tokenize.readers import (
+    Chunk,
+    ReadOptions,
+    expand_inputs,
+    file_identity,
+    iter_chunks,
+    parse_chunk,
+)
+from tokenmill.tokenize.tokenizers import Tokenizer, TokenizerSpec
+
+__all__ = [
+    "OUTPUT_FORMATS",
+    "EncodeOptions",
+    "Encoded",
+    "TokenizeConfig",
+    "TokenizeResult",
+    "encode_documents",
+    "part_prefix",
+    "resolve_rank",
+    "tokenize",
+    "window_bounds",
+]
+
+OUTPUT_FORMATS = ("megatron", "nanogpt")
+
+# Test hook: seconds to sleep after each chunk is written, so a test can SIGKILL a run mid-way.
+_DELAY_VARIABLE = "TOKENMILL_TEST_DELAY_AFTER_CHUNK"
+
+
+def window_bounds(length: int, window: int, overlap: int) -> list[tuple[int, int]]:
+    """The ``[start, end)`` windows of a sequence of ``length`` tokens.
+
+    Windows hold at most ``window`` tokens; each starts ``overlap`` tokens before the previous
+    one ended (GPT-Simple's rule), the last one ends at ``length``. A sequence that fits is one
+    window; an empty one has none.
+
+    Raises:
+        ValueError: ``window < 1``, ``overlap < 0`` or ``overlap > window // 2``.
+    """
+    if window < 1:
+        raise ValueError(f"window must be >= 1, got {window}")
+    if not 0 <= overlap <= window // 2:
+        raise ValueError(f"overlap must be in [0, window // 2 = {window // 2}], got {overlap}")
+    bounds: list[tuple[int, int]] = []
+    start = 0
+    while start < length:
+        end = min(start + window, length)
+        bounds.append((start, end))
+        if end == length:
+            break
+        start = end - overlap
+    return bounds
+
+
+@dataclass(frozen=True)
+class EncodeOptions:
+    """What a worker needs besides the tokenizer: how to read and how to shape documents."""
+
+    read: ReadOptions
+    dtype: str
+    vocab_size: int
+    bos_id: int | None
+    eod_id: int | None
+    prepend_bos: bool = False
+    append_eod: bool = True
+    window: int | None = None
+    overlap: int = 0
+
+
+@dataclass
+class Encoded:
+    """The encoded documents of one chunk, ready for ``IndexedDatasetBuilder.add_documents``."""
+
+    tokens: npt.NDArray[Any]
+    sequence_lengths: npt.NDArray[numpy.int64]
+    sequences_per_document: npt.NDArray[numpy.int64]
+    text_bytes: int
+    source_bytes: int = 0
+
+    @property
+    def documents(self) -> int:
+        """The number of documents."""
+        return int(self.sequences_per_document.shape[0])
+
+
+def encode_documents(
+    texts: list[str], tokenizer: Tokenizer, options: EncodeOptions, where: str = "input"
+) -> Encoded:
+    """Encode documents into flat tokens with per-sequence and per-document counts.
+
+    Raises:
+        ValueError: the tokenizer produced an id outside its vocabulary.
+    """
+    dtype = numpy.dtype(options.dtype)
+    arrays = tokenizer.encode_batch(texts) if texts else []
+    bos = [options.bos_id] if options.prepend_bos else []
+    eod = [options.eod_id] if options.append_eod else []
+    extra = len(bos) + len(eod)
+    # first pass: the sequence lengths, so the output is allocated once
+    lengths: list[int] = []
+    per_document: list[int] = []
+    layouts: list[list[tuple[int, int]] | None] = []
+    for array in arrays:
+        size = int(array.shape[0])
+        if size == 0:  # megatron's preprocess_data.py: no tokens, no EOD, no sequence
+            per_document.append(0)
+            layouts.append(None)
+            continue
+        if int(array.max()) >= options.vocab_size or int(array.min()) < 0:
+            raise ValueError(
+                f"{where}: tokenizer {tokenizer.describe()} produced id {int(array.max())}, "
+                f"outside its vocabulary of {options.vocab_size}"
+            )
+        count = size + extra
+        if options.window is None or count <= options.window:
+            lengths.append(count)
+            per_document.append(1)
+            layouts.append(None)
+        else:
+            windows = window_bounds(count, options.window, options.overlap)
+            lengths.extend(end - begin for begin, end in windows)
+            per_document.append(len(windows))
+            layouts.append(windows)
+    tokens = numpy.empty(sum(lengths), dtype=dtype)
+    position = 0
+    for array, bounds in zip(arrays, layouts):
+        size = int(array.shape[0])
+        if size == 0:
+            continue
+        if bounds is None:
+            if bos:
+                tokens[position] = bos[0]
+            tokens[position + len(bos) : position + len(bos) + size] = array
+            if eod:
+                tokens[position + len(bos) + size] = eod[0]
+            position += size + extra
+            continue
+        document = numpy.concatenate(
+            [numpy.asarray(bos, dtype=dtype), array.astype(dtype), numpy.asarray(eod, dtype=dtype)]
+        )
+        for begin, end in bounds:
+            tokens[position : position + end - begin] = document[begin:end]
+            position += end - begin
+    return Encoded(
+        tokens=tokens,
+        sequence_lengths=numpy.asarray(lengths, dtype=numpy.int64),
+        sequences_per_document=numpy.asarray(per_document, dtype=numpy.int64),
+        text_bytes=sum(len(text.encode("utf-8")) for text in texts),
+    )
+
+
+class _Encoder:
+    """A loaded tokenizer plus options: turns a chunk into an :class:`Encoded`."""
+
+    def __init__(self, spec: TokenizerSpec, options: EncodeOptions) -> None:
+        self.tokenizer = spec.load()
+        self.options = options
+
+    def __call__(self, chunk: Chunk) -> Encoded:
+        texts = parse_chunk(chunk, self.options.read)
+        encoded = encode_documents(texts, self.tokenizer, self.options, chunk.path)
+        encoded.source_bytes = chunk.source_bytes
+        return encoded
+
+
+_WORKER_ENCODER: _Encoder | None = None
+
+
+def _initialize_worker(spec: TokenizerSpec, options: EncodeOptions) -> None:
+    # one process per core: the tokenizers' own thread pools would only oversubscribe
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    os.environ["RAYON_NUM_THREADS"] = "1"
+    os.environ["OMP_NUM_THREADS"] = "1"
+    global _WORKER_ENCODER
+    _WORKER_ENCODER = _Encoder(spec, options)
+
+
+def _encode_in_worker(chunk: Chunk) -> Encoded:
+    if _WORKER_ENCODER is None:  # pragma: no cover - the initializer always runs first
+        raise RuntimeError("worker was not initialized")
+    return _WORKER_ENCODER(chunk)
+
+
+class _InlineExecutor:
+    """The executor interface, running each task at once in this process (``workers=0``)."""
+
+    def __init__(self, encoder: _Encoder) -> None:
+        self._encoder = encoder
+
+    def submit(self, function: Callable[[Chunk], Encoded], chunk: Chunk) -> Future[Encoded]:
+        del function
+        future: Future[Encoded] = Future()
+        try:
+            future.set_result(self._encoder(chunk))
+        except BaseException as error:
+            future.set_exception(error)
+        return future
+
+    def shutdown(self, wait: bool = True, cancel_futures: bool = False) -> None:
+        del wait, cancel_futures
+
+
+def _process_context() -> Any:
+    """The start method of the worker processes.
+
+    fork while no other Python thread runs, on Python < 3.12: fast, and it works from any
+    ``__main__`` (stdin, notebooks). Otherwise forkserver (Python 3.12 warns about forking a
+    process with threads, and numpy's BLAS pool counts): its workers import what they need, so
+    a script that starts a run must guard it with ``if __name__ == "__main__":``.
+    """
+    import multiprocessing
+    import sys
+    import threading
+
+    methods = multiprocessing.get_all_start_methods()
+    if "fork" in methods and sys.version_info < (3, 12) and threading.active_count() == 1:
+        return multiprocessing.get_context("fork")
+    return multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
+
+
+def resolve_rank(rank: int | None, world_size: int | None) -> tuple[int, int]:
+    """Rank and world size from the arguments, else ``RANK``/``WORLD_SIZE``, else
+    ``SLURM_ARRAY_TASK_ID``/``SLURM_ARRAY_TASK_COUNT`` (task ids counted from
+    ``SLURM_ARRAY_TASK_MIN``), else 0 and 1.
+
+    Raises:
+        ValueError: a value is not an integer, or the rank is outside ``[0, world_size)``.
+    """
+
+    def number(name: str, value: str) -> int:
+        try:
+            return int(value)
+        except ValueError:
+            raise ValueError(f"{name} must be an integer, got {value!r}") from None
+
+    source = "arguments"
+    if rank is None and world_size is None:
+        environ = os.environ
+        if "RANK" in environ or "WORLD_SIZE" in environ:
+            source = "RANK/WORLD_SIZE"
+            rank = number("RANK", environ.get("RANK", "0"))
+            world_size = number("WORLD_SIZE", environ.get("WORLD_SIZE", "1"))
+        elif "SLURM_ARRAY_TASK_ID" in environ:
+            source = "SLURM_ARRAY_TASK_ID/SLURM_ARRAY_TASK_COUNT"
+            minimum = number("SLURM_ARRAY_TASK_MIN", environ.get("SLURM_ARRAY_TASK_MIN", "0"))
+            rank = number("SLURM_ARRAY_TASK_ID", environ["SLURM_ARRAY_TASK_ID"]) - minimum
+            world_size = number(
+                "SLURM_ARRAY_TASK_COUNT", environ.get("SLURM_ARRAY_TASK_COUNT", "1")
+            )
+    rank = 0 if rank is None else rank
+    world_size = 1 if world_size is None else world_size
+    if world_size < 1:
+        raise ValueError(f"world_size must be >= 1, got {world_size} (from {source})")
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank must be in [0, {world_size}), got {rank} (from {source})")
+    return rank, world_size
+
+
+@dataclass(frozen=True)
+class TokenizeConfig:
+    """Everything ``tokenize`` needs, checked on construction.
+
+    Args:
+        inputs: files, globs or directories.
+        output_prefix: the output dataset path without ``.bin``/``.idx``.
+        tokenizer: which tokenizer to run.
+        read: how to read documents (keys, columns, txt mode, chunk size).
+        prepend_bos: put the BOS id before every document.
+        append_eod: put the EOD id after every document (megatron's ``--append-eod``).
+        window: split documents longer than this many tokens into windows; None: never.
+        overlap: tokens shared by consecutive windows, at most ``window // 2``.
+        workers: worker processes; 0 encodes in this process.
+        rank: this process's share of the inputs, see :func:`resolve_rank`.
+        world_size: the number of processes sharing the inputs.
+        output_format: "megatron" (or "nanogpt": not in this build yet).
+        keep_parts: keep ``<prefix>.parts`` after assembling the output.
+        progress: draw a progress bar on stderr.
+    """
+
+    inputs: tuple[str, ...]
+    output_prefix: str
+    tokenizer: TokenizerSpec = field(default_factory=TokenizerSpec)
+    read: ReadOptions = field(default_factory=ReadOptions)
+    prepend_bos: bool = False
+    append_eod: bool = True
+    window: int | None = None
+    overlap: int = 0
+    workers: int = 0
+    rank: int = 0
+    world_size: int = 1
+    output_format: str = "megatron"
+    keep_parts: bool = False
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        inputs: object = self.inputs
+        if isinstance(inputs, str):
+            raise TypeError(f"inputs must be a sequence of paths, got the string {inputs!r}")
+        object.__setattr__(self, "inputs", tuple(os.fspath(item) for item in self.inputs))
+        if not self.inputs:
+            raise ValueError("inputs must name at least one file, glob or directory")
+        if not self.output_prefix:
+            raise ValueError("output_prefix must be a non-empty path")
+        if self.output_format not in OUTPUT_FORMATS:
+            raise ValueError(
+                f"output_format must be one of {', '.join(OUTPUT_FORMATS)}, "
+                f"got {self.output_format!r}"
+            )
+        if self.window is not None:
+            window_bounds(0, self.window, self.overlap)  # validates window and overlap
+        elif self.overlap:
+            raise ValueError(f"overlap={self.overlap} needs a window; got window=None")
+        if self.workers < 0:
+            raise ValueError(f"workers must be >= 0, got {self.workers}")
+        if self.world_size < 1:
+            raise ValueError(f"world_size must be >= 1, got {self.world_size}")
+        if not 0 <= self.rank < self.world_size:
+            raise ValueError(f"rank must be in [0, {self.world_size}), got {self.rank}")
+
+
+@dataclass
+class TokenizeResult:
+    """What a run did."""
+
+    output_prefix: str | None
+    parts: list[str]
+    skipped: list[str]
+    documents: int
+    tokens: int
+    text_bytes: int
+    seconds: float
+    fingerprint: dict[str, Any]
+
+
+def part_prefix(parts_directory: str, index: int, count: int) -> str:
+    """The prefix of input ``index``'s part among ``count`` inputs."""
+    return os.path.join(parts_directory, f"part-{index:06d}-of-{count:06d}")
+
+
+def _job_key(fingerprint: dict[str, Any], options: EncodeOptions, output_format: str) -> str:
+    read = asdict(options.read)
+    read.pop("chunk_bytes")  # chunking never changes the output
+    payload = {
+        "tokenizer": fingerprint,
+        "read": read,
+        "dtype": options.dtype,
+        "prepend_bos": options.prepend_bos,
+        "append_eod": options.append_eod,
+        "window": options.window,
+        "overlap": options.overlap,
+        "format": output_format,
+    }
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
+
+
+def _part_is_done(prefix: str, identity: dict[str, Any], job: str) -> bool:
+    try:
+        record = read_sidecar(prefix)
+    except DataFormatError:
+        return False
+    if record.get("job") != job or record.get("inputs") != [identity]:
+        return False
+    for path, key in ((get_bin_path(prefix), "bin_bytes"), (get_idx_path(prefix), "idx_bytes")):
+        try:
+            if os.path.getsize(path) != record.get(key):
+                return False
+        except OSError:
+            return False
+    return True
+
+
+def _remove_leftovers(prefix: str) -> None:
+    """Remove a part's files and the temporary files a killed run left behind."""
+    directory, name = os.path.split(prefix)
+    for suffix in (".bin", ".idx", ".tokenmill.json"):
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(prefix + suffix)
+        for leftover in glob_module.glob(
+            os.path.join(
+                glob_module.escape(directory), f".{glob_module.escape(name + suffix)}.*.tmp"
+            )
+        ):
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(leftover)
+
+
+def _check_output_format(output_format: str) -> None:
+    if output_format == "nanogpt":
+        # Hook for modded-nanogpt's .bin + .bos.idx shards: tokenmill.formats.nanogpt is being
+        # written on another branch; plug its writer in here (one part writer per input, the
+        # same assembly step) when it lands.
+        raise NotImplementedError(
+            "output format 'nanogpt' (modded-nanogpt .bin + .bos.idx) needs "
+            "tokenmill.formats.nanogpt, which is not in this build yet; use --format megatron"
+        )
+
+
+def tokenize(config: TokenizeConfig) -> TokenizeResult:
+    """Tokenize text files into a Megatron ``.bin/.idx`` dataset (see the module docstring).
+
+    Args:
+        config: what to read, how to tokenize, where to write.
+
+    Returns:
+        The parts written, the inputs skipped because a previous run finished them, totals.
+
+    Raises:
+        FileNotFoundError: an input or the tokenizer file is missing.
+        DataFormatError: an input is malformed (names the file, line and field).
+        ValueError: the tokenizer lacks a BOS/EOD id that the options need.
+        NotImplementedError: ``output_format="nanogpt"``.
+    """
+    _check_output_format(config.output_format)
+    started = time.perf_counter()
+    tokenizer = config.tokenizer.load()
+    for wanted, name, value in (
+        (config.prepend_bos, "BOS (prepend_bos)", tokenizer.bos_id),
+        (config.append_eod, "EOD (append_eod)", tokenizer.eod_id),
+    ):
+        if wanted and value is None:
+            raise ValueError(
+                f"tokenizer {tokenizer.describe()} has no {name} token; name one with "
+                "--bos-token/--eod-token or switch the option off"
+            )
+    fingerprint = tokenizer.fingerprint()
+    dtype = numpy.dtype(DType.optimal_dtype(tokenizer.vocab_size)).name
+    options = EncodeOptions(
+        read=config.read,
+        dtype=dtype,
+        vocab_size=tokenizer.vocab_size,
+        bos_id=tokenizer.bos_id,
+        eod_id=tokenizer.eod_id,
+        prepend_bos=config.prepend_bos,
+        append_eod=config.append_eod,
+        window=config.window,
+        overlap=config.overlap,
+    )
+    job = _job_key(fingerprint, options, config.output_format)
+    option_fields = {
+        "prepend_bos": config.prepend_bos,
+        "append_eod": config.append_eod,
+        "window": config.window,
+        "overlap": config.overlap,
+    }
+
+    files = expand_inputs(config.inputs)
+    count = len(files)
+    output_prefix = os.path.abspath(config.output_prefix)
+    parts_directory = output_prefix + ".parts"
+    os.makedirs(parts_directory, exist_ok=True)
+
+    mine = [index for index in range(count) if index % config.world_size == config.rank]
+    pending: list[tuple[int, dict[str, Any]]] = []
+    skipped: list[str] = []
+    for index in mine:
+        identity = file_identity(files[index])
+        prefix = part_prefix(parts_directory, index, count)
+        if _part_is_done(prefix, identity, job):
+            skipped.append(files[index])
+        else:
+            _remove_leftovers(prefix)
+            pending.append((index, identity))
+
+    progress = Progress(sum(identity["size"] for _, identity in pending), enabled=config.progress)
+    if skipped and config.progress:
+        progress.stream.write(
+            f"[tokenize] skipped {len(skipped)} completed input(s) of {len(mine)} "
+            f"(parts in {parts_directory})\n"
+        )
+    encoder_spec, delay = config.tokenizer, float(os.environ.get(_DELAY_VARIABLE, "0") or 0)
+    executor: Any
+    if config.workers == 0:
+        executor = _InlineExecutor(_Encoder(encoder_spec, options))
+    else:
+        executor = ProcessPoolExecutor(
+            max_workers=config.workers,
+            mp_context=_process_context(),
+            initializer=_initialize_worker,
+            initargs=(encoder_spec, options),
+        )
+    window = 2 * config.workers + 2
+
+    def jobs() -> Iterator[tuple[int, Future[Encoded] | None]]:
+        for index, _ in pending:
+            for chunk in iter_chunks(files[index], config.read):
+                yield index, executor.submit(_encode_in_worker, chunk)
+            yield index, None  # end of this input
+
+    totals = {"documents": 0, "tokens": 0, "text_bytes": 0}
+    builders: dict[int, IndexedDatasetBuilder] = {}
+    counts: dict[int, dict[str, int]] = {}
+    written: list[str] = []
+    try:
+        inflight: deque[tuple[int, Future[Encoded] | None]] = deque()
+
+        def consume(index: int, future: Future[Encoded] | None) -> None:
+            prefix = part_prefix(parts_directory, index, count)
+            if index not in builders:
+                builders[index] = IndexedDatasetBuilder(
+                    get_bin_path(prefix), dtype=numpy.dtype(dtype)
+                )
+                counts[index] = {"documents": 0, "sequences": 0, "tokens": 0}
+            builder = builders[index]
+            if future is not None:
+                encoded = future.result()
+                builder.add_documents(
+                    encoded.tokens, encoded.sequence_lengths, encoded.sequences_per_document
+                )
+                part = counts[index]
+                part["documents"] += encoded.documents
+                part["sequences"] += int(encoded.sequence_lengths.shape[0])
+                part["tokens"] += int(encoded.tokens.shape[0])
+                progress.update(
+                    encoded.documents,
+                    int(encoded.tokens.shape[0]),
+                    encoded.text_bytes,
+                    encoded.source_bytes,
+                )
+                totals["documents"] += encoded.documents
+                totals["tokens"] += int(encoded.tokens.shape[0])
+                totals["text_bytes"] += encoded.text_bytes
+                if delay:
+                    time.sleep(delay)
+                return
+            builder.finalize(get_idx_path(prefix))
+            del builders[index]
+            identity = dict(pending_identity[index])
+            write_sidecar(
+                prefix,
+                fingerprint,
+                job=job,
+                inputs=[identity],
+                options=option_fields,
+                dtype=dtype,
+                bin_bytes=os.path.getsize(get_bin_path(prefix)),
+                idx_bytes=os.path.getsize(get_idx_path(prefix)),
+                **counts.pop(index),
+            )
+            written.append(prefix)
+
+        pending_identity = dict(pending)
+        for item in jobs():
+            inflight.append(item)
+            while len(inflight) > window:
+                consume(*inflight.popleft())
+        while inflight:
+            consume(*inflight.popleft())
+    except BaseException:
+        executor.shutdown(wait=False, cancel_futures=True)
+        builders.clear()  # abandoned builders delete their temporary .bin
+        raise
+    executor.shutdown(wait=True)
+    progress.close()
+
+    result_prefix: str | None = None
+    if config.world_size == 1:
+        from tokenmill.tokenize.merge import merge_datasets
+
+        all_parts = [part_prefix(parts_directory, index, count) for index in range(count)]
+        merge_datasets(all_parts, output_prefix, progress=config.progress)
+        result_prefix = output_prefix
+        if not config.keep_parts:
+            shutil.rmtree(parts_directory, ignore_errors=True)
+    elif config.progress:
+        progress.stream.write(
+            f"[tokenize] rank {config.rank}/{config.world_size}: {len(written)} part(s) written, "
+            f"{len(skipped)} skipped; when every rank is done run: tokenmill merge "
+            f"{parts_directory} --output {output_prefix}\n"
+        )
+    return TokenizeResult(
+        output_prefix=result_prefix,
+        parts=written,
+        skipped=skipped,
+        documents=totals["documents"],
+        tokens=totals["tokens"],
+        text_bytes=totals["text_bytes"],
+        seconds=time.perf_counter() - started,
+        fingerprint=fingerprint,
+    )

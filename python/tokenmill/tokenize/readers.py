@@ -1,0 +1,391 @@
+"""Input discovery and streamed reading of text corpora, split into ordered work chunks.
+
+Formats, chosen by file name: ``.jsonl`` / ``.json`` (one JSON object per line, the text under
+``json_key``), ``.jsonl.gz``, ``.jsonl.zst`` (``.zstd``), ``.parquet`` (a string ``column``) and
+``.txt`` (a document per file, or per line with ``txt_mode="line"``). Inputs are files, globs
+or directories (searched recursively for known suffixes); the list is sorted, so every process
+and machine sees the same order.
+
+A file is read as a sequence of :class:`Chunk` objects (the unit of parallel work): for
+line-based formats, blocks of about ``chunk_bytes`` of *decompressed* bytes cut at line ends
+(the parent only decompresses and finds newlines; JSON parsing happens in the workers); for
+parquet, one row group (the worker reads it itself); for a ``.txt`` file per document, the whole
+file. Chunk boundaries depend only on the file, and results are written in chunk order, so the
+output does not depend on the number of workers. Memory per chunk is bounded by
+``chunk_bytes`` (or a row group).
+
+Parsing rules (each violation raises :class:`~tokenmill.errors.DataFormatError` naming the
+file, line or row, field and value): lines that are empty or only whitespace are skipped; every
+other line must be a JSON object with a string under ``json_key``; text must be valid UTF-8;
+parquet values must be non-null strings. In ``txt_mode="line"`` empty lines are skipped and the
+newline (and a trailing ``\\r``) is not part of the document.
+"""
+
+from __future__ import annotations
+
+import glob
+import io
+import json
+import os
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any, cast
+
+from tokenmill.errors import DataFormatError
+
+__all__ = [
+    "FORMATS",
+    "Chunk",
+    "ReadOptions",
+    "detect_format",
+    "expand_inputs",
+    "iter_chunks",
+    "parse_chunk",
+    "read_documents",
+]
+
+FORMATS = ("jsonl", "jsonl.gz", "jsonl.zst", "parquet", "txt")
+
+_SUFFIXES = (
+    (".jsonl.gz", "jsonl.gz"),
+    (".json.gz", "jsonl.gz"),
+    (".jsonl.zst", "jsonl.zst"),
+    (".jsonl.zstd", "jsonl.zst"),
+    (".json.zst", "jsonl.zst"),
+    (".jsonl", "jsonl"),
+    (".json", "jsonl"),
+    (".parquet", "parquet"),
+    (".txt", "txt"),
+)
+
+_READ_BLOCK = 1 << 20
+
+
+@dataclass(frozen=True)
+class ReadOptions:
+    """How documents are taken out of the files.
+
+    Args:
+        json_key: the field of each JSON line that holds the text.
+        column: the parquet column that holds the text.
+        txt_mode: "file" (a ``.txt`` file is one document) or "line" (each line is one).
+        chunk_bytes: the target size of a line-based work chunk (decompressed bytes).
+    """
+
+    json_key: str = "text"
+    column: str = "text"
+    txt_mode: str = "file"
+    chunk_bytes: int = 1 << 20
+
+    def __post_init__(self) -> None:
+        if self.txt_mode not in ("file", "line"):
+            raise ValueError(f"txt_mode must be 'file' or 'line', got {self.txt_mode!r}")
+        if self.chunk_bytes < 1:
+            raise ValueError(f"chunk_bytes must be >= 1, got {self.chunk_bytes}")
+        if not self.json_key:
+            raise ValueError("json_key must be a non-empty string, got ''")
+        if not self.column:
+            raise ValueError("column must be a non-empty string, got ''")
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """One unit of work: a run of consecutive documents of one file.
+
+    Attributes:
+        path: the input file.
+        kind: "jsonl" or "lines" (``data`` holds whole lines), "text" (``data`` is one document),
+            "parquet" (the worker reads ``row_group`` itself).
+        data: the raw bytes, for every kind but "parquet".
+        first_line: the 1-based line (or 0-based parquet row) number of the first document.
+        row_group: the parquet row group.
+        source_bytes: how many bytes of the file on disk this chunk accounts for (progress/ETA).
+    """
+
+    path: str
+    kind: str
+    data: bytes = b""
+    first_line: int = 1
+    row_group: int = -1
+    source_bytes: int = 0
+
+
+def detect_format(path: str | os.PathLike[str]) -> str:
+    """The format of a file from its name.
+
+    Raises:
+        ValueError: the suffix is not one of the known formats.
+    """
+    name = os.fspath(path).lower()
+    for suffix, fmt in _SUFFIXES:
+        if name.endswith(suffix):
+            return fmt
+    known = ", ".join(suffix for suffix, _ in _SUFFIXES)
+    raise ValueError(f"{os.fspath(path)}: unknown input format; known suffixes: {known}")
+
+
+def _is_known(path: str, walking: bool = False) -> bool:
+    name = os.path.basename(path).lower()
+    if name.endswith(".tokenmill.json") or (walking and name.endswith(".json")):
+        return False  # tokenmill's sidecars; plain .json in a directory is likely not a corpus
+    try:
+        detect_format(path)
+    except ValueError:
+        return False
+    return True
+
+
+def expand_inputs(patterns: Sequence[str | os.PathLike[str]]) -> list[str]:
+    """The sorted, de-duplicated input files named by files, globs and directories.
+
+    Args:
+        patterns: file paths, glob patterns (``**`` recurses) or directories (searched
+            recursively for files with a known suffix, except plain ``.json``, which is only
+            taken when named or globbed). ``*.tokenmill.json`` sidecars are never inputs.
+
+    Returns:
+        Absolute paths, sorted.
+
+    Raises:
+        FileNotFoundError: a path does not exist, or a glob or directory matches no input file.
+        ValueError: an explicitly named file has an unknown suffix; no patterns were given.
+    """
+    if not patterns:
+        raise ValueError("no inputs given")
+    found: set[str] = set()
+    for pattern in patterns:
+        text = os.fspath(pattern)
+        if os.path.isdir(text):
+            matches = [
+                os.path.join(root, name)
+                for root, _, names in os.walk(text)
+                for name in names
+                if _is_known(name, walking=True) and not name.startswith(".")
+            ]
+            if not matches:
+                raise FileNotFoundError(f"{text}: directory holds no input files ({FORMATS})")
+        elif os.path.isfile(text):
+            detect_format(text)
+            matches = [text]
+        elif glob.has_magic(text):
+            matches = [path for path in glob.glob(text, recursive=True) if os.path.isfile(path)]
+            matches = [path for path in matches if _is_known(path)]
+            if not matches:
+                raise FileNotFoundError(f"{text}: glob matches no input files ({FORMATS})")
+        else:
+            raise FileNotFoundError(f"input not found: {text}")
+        found.update(os.path.abspath(path) for path in matches)
+    return sorted(found)
+
+
+class _CountingReader(io.RawIOBase):
+    """Counts the bytes read from the file on disk (for progress over compressed files)."""
+
+    def __init__(self, raw: IO[bytes]) -> None:
+        self._raw = raw
+        self.count = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        view = memoryview(buffer).cast("B")
+        data = self._raw.read(len(view))
+        view[: len(data)] = data
+        self.count += len(data)
+        return len(data)
+
+
+def _open_decompressed(path: str, fmt: str, raw: IO[bytes]) -> IO[bytes]:
+    if fmt == "jsonl.gz":
+        import gzip
+
+        return cast(IO[bytes], gzip.GzipFile(fileobj=raw, mode="rb"))
+    if fmt == "jsonl.zst":
+        import zstandard
+
+        return zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True)
+    return raw
+
+
+def _line_chunks(path: str, fmt: str, kind: str, chunk_bytes: int) -> Iterator[Chunk]:
+    """Blocks of whole lines of about ``chunk_bytes`` (a longer line is one chunk of its own)."""
+    with open(path, "rb") as file:
+        counter = _CountingReader(file)
+        stream = _open_decompressed(path, fmt, io.BufferedReader(counter, _READ_BLOCK))
+        pending = b""
+        line = 1
+        reported = 0
+        ended = False
+        try:
+            while not ended:
+                try:
+                    block = stream.read(max(chunk_bytes, _READ_BLOCK))
+                except Exception as error:  # gzip.BadGzipFile, zstd errors, EOFError
+                    raise DataFormatError(
+                        f"{path}: cannot decompress ({fmt}) after line {line}: {error}"
+                    ) from error
+                ended = not block
+                pending += block
+                start = 0
+                while len(pending) - start >= chunk_bytes or (ended and start < len(pending)):
+                    cut = pending.rfind(b"\n", start, start + chunk_bytes) + 1
+                    if cut == 0:  # no line end within a chunk: take the whole (long) line
+                        cut = pending.find(b"\n", start + chunk_bytes) + 1
+                    if cut == 0:
+                        if not ended:
+                            break  # the line continues in the next block
+                        cut = len(pending)  # the last line has no newline
+                    data = pending[start:cut]
+                    source, reported = counter.count - reported, counter.count
+                    yield Chunk(path, kind, data, first_line=line, source_bytes=source)
+                    line += data.count(b"\n")
+                    start = cut
+                pending = pending[start:]
+        finally:
+            stream.close()
+        if counter.count > reported:
+            yield Chunk(path, kind, b"", first_line=line, source_bytes=counter.count - reported)
+
+
+def iter_chunks(path: str, options: ReadOptions) -> Iterator[Chunk]:
+    """The work chunks of one input file, in document order.
+
+    Raises:
+        ValueError: the file's format is unknown.
+        DataFormatError: a compressed file is corrupt, or a parquet file has no such column.
+    """
+    fmt = detect_format(path)
+    if fmt == "parquet":
+        parquet = _open_parquet(path)
+        _check_column(parquet, path, options.column)
+        metadata = parquet.metadata
+        for group in range(metadata.num_row_groups):
+            row_group = metadata.row_group(group)
+            yield Chunk(
+                path,
+                "parquet",
+                first_line=sum(metadata.row_group(g).num_rows for g in range(group)),
+                row_group=group,
+                source_bytes=sum(
+                    int(row_group.column(column).total_compressed_size)
+                    for column in range(row_group.num_columns)
+                ),
+            )
+    elif fmt == "txt" and options.txt_mode == "file":
+        with open(path, "rb") as stream:
+            data = stream.read()
+        yield Chunk(path, "text", data, source_bytes=len(data))
+    else:
+        kind = "lines" if fmt == "txt" else "jsonl"
+        yield from _line_chunks(path, fmt, kind, options.chunk_bytes)
+
+
+def _open_parquet(path: str) -> Any:
+    import pyarrow.parquet as pq
+
+    try:
+        return pq.ParquetFile(path)
+    except Exception as error:
+        raise DataFormatError(f"{path}: not a parquet file: {error}") from error
+
+
+def _check_column(parquet: Any, path: str, column: str) -> None:
+    import pyarrow as pa
+
+    schema = parquet.schema_arrow
+    if column not in schema.names:
+        raise DataFormatError(
+            f"{path}: no column {column!r}; columns are {schema.names} (choose one with --column)"
+        )
+    field_type = schema.field(column).type
+    if not (pa.types.is_string(field_type) or pa.types.is_large_string(field_type)):
+        raise DataFormatError(f"{path}: column {column!r} has type {field_type}, expected string")
+
+
+def _decode(data: bytes, path: str, where: str) -> str:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise DataFormatError(
+            f"{path}: {where}: invalid UTF-8 at byte {error.start}: {data[error.start : error.start + 8]!r}"
+        ) from error
+
+
+def parse_chunk(chunk: Chunk, options: ReadOptions) -> list[str]:
+    """The documents of a chunk.
+
+    Raises:
+        DataFormatError: a line is not a JSON object, lacks the key, holds a non-string, or the
+            text is not UTF-8; a parquet value is null.
+    """
+    path = chunk.path
+    if chunk.kind == "text":
+        return [_decode(chunk.data, path, "file")]
+    if chunk.kind == "parquet":
+        parquet = _open_parquet(path)
+        _check_column(parquet, path, options.column)
+        values = parquet.read_row_group(chunk.row_group, columns=[options.column]).column(0)
+        if values.null_count:
+            first = next(i for i, value in enumerate(values.is_null().to_pylist()) if value)
+            raise DataFormatError(
+                f"{path}: row {chunk.first_line + first}: column {options.column!r} is null"
+            )
+        texts: list[str] = values.to_pylist()
+        return texts
+    documents: list[str] = []
+    key = options.json_key
+    for number, raw in enumerate(chunk.data.split(b"\n"), start=chunk.first_line):
+        if chunk.kind == "lines":
+            if raw.endswith(b"\r"):
+                raw = raw[:-1]
+            if raw:
+                documents.append(_decode(raw, path, f"line {number}"))
+            continue
+        if not raw.strip():
+            continue
+        try:
+            record = json.loads(raw)
+        except UnicodeDecodeError as error:
+            raise DataFormatError(f"{path}: line {number}: invalid UTF-8: {error}") from error
+        except ValueError as error:
+            raise DataFormatError(
+                f"{path}: line {number}: invalid JSON ({error}): {raw[:60]!r}"
+            ) from error
+        if not isinstance(record, dict):
+            raise DataFormatError(
+                f"{path}: line {number}: expected a JSON object, got {type(record).__name__}"
+            )
+        if key not in record:
+            raise DataFormatError(
+                f"{path}: line {number}: no key {key!r}; keys are {sorted(record)[:10]} "
+                "(choose one with --json-key)"
+            )
+        text = record[key]
+        if not isinstance(text, str):
+            raise DataFormatError(
+                f"{path}: line {number}: {key!r} must be a string, got "
+                f"{type(text).__name__} {str(text)[:40]!r}"
+            )
+        documents.append(text)
+    return documents
+
+
+def read_documents(
+    path: str | os.PathLike[str], options: ReadOptions | None = None
+) -> Iterator[str]:
+    """Stream the documents of one input file (any known format).
+
+    Raises:
+        DataFormatError: see :func:`parse_chunk`.
+    """
+    options = options or ReadOptions()
+    for chunk in iter_chunks(os.fspath(path), options):
+        yield from parse_chunk(chunk, options)
+
+
+def file_identity(path: str) -> dict[str, Any]:
+    """Size and modification time of a file: what marks a completed part as stale."""
+    status = Path(path).stat()
+    return {"path": path, "size": status.st_size, "mtime_ns": status.st_mtime_ns}
