@@ -381,10 +381,32 @@ def test_window_bounds_invariants(length: int, window: int, data: st.DataObject)
         assert end - begin == overlap  # consecutive windows share exactly `overlap` tokens
 
 
-def test_config_errors_and_nanogpt_hook(tmp_path: Path) -> None:
-    corpus = write_corpus(tmp_path / "c.jsonl", ["a"])
-    with pytest.raises(NotImplementedError, match=r"tokenmill.formats.nanogpt"):
-        run([corpus], tmp_path / "out", output_format="nanogpt")
+def test_nanogpt_output_is_the_megatron_tokens_with_a_bos_index(tmp_path: Path) -> None:
+    from tokenmill.formats.bos_index import bos_index_path, read_bos_index
+    from tokenmill.formats.nanogpt import NanogptShard
+
+    corpus = write_corpus(tmp_path / "c.jsonl", DOCUMENTS)
+    megatron, _ = run([corpus], tmp_path / "m", prepend_bos=True, workers=0)
+    config = TokenizeConfig(
+        inputs=(str(corpus),),
+        output_prefix=str(tmp_path / "n"),
+        progress=False,
+        prepend_bos=True,
+        workers=2,
+        output_format="nanogpt",
+    )
+    tokenize(config)
+    shard = NanogptShard(str(tmp_path / "n.bin"))
+    np.testing.assert_array_equal(shard.tokens, megatron._tokens)
+    positions = read_bos_index(bos_index_path(str(tmp_path / "n.bin")), len(shard)).positions
+    starts = np.concatenate([[0], np.cumsum(megatron.sequence_lengths)[:-1]])
+    np.testing.assert_array_equal(positions, starts)
+    assert read_sidecar(str(tmp_path / "n")) == read_sidecar(str(tmp_path / "m"))
+    with pytest.raises(ValueError, match="needs prepend_bos"):
+        run([corpus], tmp_path / "x", output_format="nanogpt")
+
+
+def test_config_errors(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="output_format must be one of megatron, nanogpt"):
         TokenizeConfig(inputs=("x",), output_prefix="y", output_format="hdf5")
     with pytest.raises(ValueError, match="workers must be >= 0, got -1"):
@@ -582,7 +604,7 @@ def test_cli_tokenize_reports_errors_and_progress(
     assert main(["tokenize", str(bad), "-o", str(tmp_path / "x"), "--workers", "0"]) == 1
     assert "bad.jsonl: line 1: no key 'text'" in capsys.readouterr().err
     assert main(["tokenize", str(corpus), "-o", "x", "--format", "nanogpt"]) == 1
-    assert "not in this build yet" in capsys.readouterr().err
+    assert "needs prepend_bos (--prepend-bos)" in capsys.readouterr().err
 
 
 def test_progress_line_shows_rates_and_eta() -> None:

@@ -83,7 +83,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--format",
         choices=("megatron", "nanogpt"),
         default="megatron",
-        help="output format; nanogpt (.bin + .bos.idx) is not in this build yet [megatron]",
+        help="output format: Megatron .bin/.idx, or a modded-nanogpt .bin + .bos.idx "
+        "(needs --prepend-bos) [megatron]",
     )
     parser.add_argument("--keep-parts", action="store_true", help="keep <output>.parts/")
     parser.add_argument("--quiet", "-q", action="store_true", help="no progress bar")

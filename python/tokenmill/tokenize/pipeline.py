@@ -50,7 +50,7 @@ import numpy.typing as npt
 
 from tokenmill.errors import DataFormatError
 from tokenmill.formats.megatron import DType, IndexedDatasetBuilder, get_bin_path, get_idx_path
-from tokenmill.tokenize.fingerprint import read_sidecar, write_sidecar
+from tokenmill.tokenize.fingerprint import read_sidecar, sidecar_path, write_sidecar
 from tokenmill.tokenize.progress import Progress
 from tokenmill.tokenize.readers import (
     Chunk,
@@ -326,7 +326,9 @@ class TokenizeConfig:
         workers: worker processes; 0 encodes in this process.
         rank: this process's share of the inputs, see :func:`resolve_rank`.
         world_size: the number of processes sharing the inputs.
-        output_format: "megatron" (or "nanogpt": not in this build yet).
+        output_format: "megatron" (`.bin/.idx`), or "nanogpt": a modded-nanogpt shard
+            `<output_prefix>.bin` with its `.bos.idx` (documents start with BOS: needs a BOS id
+            and prepend_bos).
         keep_parts: keep ``<prefix>.parts`` after assembling the output.
         progress: draw a progress bar on stderr.
     """
@@ -439,14 +441,46 @@ def _remove_leftovers(prefix: str) -> None:
 
 
 def _check_output_format(output_format: str) -> None:
-    if output_format == "nanogpt":
-        # Hook for modded-nanogpt's .bin + .bos.idx shards: tokenmill.formats.nanogpt is being
-        # written on another branch; plug its writer in here (one part writer per input, the
-        # same assembly step) when it lands.
-        raise NotImplementedError(
-            "output format 'nanogpt' (modded-nanogpt .bin + .bos.idx) needs "
-            "tokenmill.formats.nanogpt, which is not in this build yet; use --format megatron"
+    if output_format not in OUTPUT_FORMATS:
+        raise ValueError(
+            f"output_format must be one of {', '.join(OUTPUT_FORMATS)}, got {output_format!r}"
         )
+
+
+def write_nanogpt_output(megatron_prefix: str, output_prefix: str, bos_id: int) -> list[str]:
+    """modded-nanogpt shard(s) `<output_prefix>.bin` (+ `.bos.idx`) from a Megatron dataset.
+
+    Streams the tokens (constant memory) into NanogptShardWriter, which records the BOS
+    positions for the `.bos.idx` sidecar; data beyond one shard's 2^31 - 1 tokens goes to
+    `<output_prefix>_000000.bin`, `_000001.bin`, ...
+
+    Returns:
+        The shard paths written.
+    """
+    from tokenmill.formats.megatron import IndexedDataset
+    from tokenmill.formats.nanogpt import MAX_TOKENS, NanogptShardWriter
+
+    dataset = IndexedDataset(megatron_prefix)
+    tokens = dataset._tokens
+    if tokens is None:  # an empty .bin is not mapped
+        tokens = numpy.zeros(0, dtype=dataset.dtype)
+    count = int(tokens.shape[0])
+    dtype = numpy.dtype(numpy.uint16) if tokens.dtype.itemsize <= 2 else numpy.dtype(numpy.uint32)
+    pieces = [(low, min(count, low + MAX_TOKENS)) for low in range(0, count, MAX_TOKENS)]
+    pieces = pieces or [(0, 0)]
+    paths = []
+    for number, (low, high) in enumerate(pieces):
+        path = output_prefix + (".bin" if len(pieces) == 1 else f"_{number:06d}.bin")
+        writer = NanogptShardWriter(path, dtype, bos_token=bos_id)
+        try:
+            for start in range(low, high, 1 << 24):
+                writer.write(tokens[start : min(high, start + (1 << 24))])
+            writer.finalize()
+        except BaseException:
+            writer.abort()
+            raise
+        paths.append(path)
+    return paths
 
 
 def tokenize(config: TokenizeConfig) -> TokenizeResult:
@@ -462,14 +496,19 @@ def tokenize(config: TokenizeConfig) -> TokenizeResult:
         FileNotFoundError: an input or the tokenizer file is missing.
         DataFormatError: an input is malformed (names the file, line and field).
         ValueError: the tokenizer lacks a BOS/EOD id that the options need.
-        NotImplementedError: ``output_format="nanogpt"``.
     """
     _check_output_format(config.output_format)
+    if config.output_format == "nanogpt" and not config.prepend_bos:
+        raise ValueError(
+            "output_format 'nanogpt' needs prepend_bos (--prepend-bos): its documents start with BOS and "
+            "its .bos.idx lists them"
+        )
     started = time.perf_counter()
     tokenizer = config.tokenizer.load()
     for wanted, name, value in (
         (config.prepend_bos, "BOS (prepend_bos)", tokenizer.bos_id),
         (config.append_eod, "EOD (append_eod)", tokenizer.eod_id),
+        (config.output_format == "nanogpt", "BOS (nanogpt output)", tokenizer.bos_id),
     ):
         if wanted and value is None:
             raise ValueError(
@@ -611,7 +650,14 @@ def tokenize(config: TokenizeConfig) -> TokenizeResult:
         from tokenmill.tokenize.merge import merge_datasets
 
         all_parts = [part_prefix(parts_directory, index, count) for index in range(count)]
-        merge_datasets(all_parts, output_prefix, progress=config.progress)
+        if config.output_format == "nanogpt":
+            assert tokenizer.bos_id is not None  # checked above
+            merged = os.path.join(parts_directory, "merged")
+            merge_datasets(all_parts, merged, progress=config.progress)
+            write_nanogpt_output(merged, output_prefix, tokenizer.bos_id)
+            shutil.copyfile(sidecar_path(merged), sidecar_path(output_prefix))
+        else:
+            merge_datasets(all_parts, output_prefix, progress=config.progress)
         result_prefix = output_prefix
         if not config.keep_parts:
             shutil.rmtree(parts_directory, ignore_errors=True)
