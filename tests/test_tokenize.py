@@ -697,3 +697,32 @@ def test_builder_add_documents_equals_add_document_per_document(tmp_path: Path) 
         bad.add_documents([1, 2], [2], [2, -1])
     with pytest.raises(OverflowError, match="token 70000 does not fit"):
         bad.add_documents([70000], [1], [1])
+
+
+def test_builder_refuses_to_blend_shards_of_different_tokenizers(
+    tmp_path: Path, bpe_path: Path
+) -> None:
+    from tokenmill import BlendedMegatronDatasetBuilder, GPTDataset, GPTDatasetConfig
+
+    from conftest import TinyTokenizer
+
+    corpus = write_corpus(tmp_path / "c.jsonl", DOCUMENTS * 20)
+    run([corpus], tmp_path / "bytes", workers=0, append_eod=True)
+    run([corpus], tmp_path / "bpe", workers=0, append_eod=True,
+        tokenizer=TokenizerSpec(kind="huggingface", path=str(bpe_path)))  # fmt: skip
+
+    def builder(prefixes: list[str], tokenizer: object) -> BlendedMegatronDatasetBuilder:
+        config = GPTDatasetConfig(
+            random_seed=1, sequence_length=8, tokenizer=tokenizer, blend=(prefixes, [1.0] * len(prefixes)),
+            split="1", reset_position_ids=False, reset_attention_mask=False, eod_mask_loss=False,
+            create_attention_mask=False, path_to_cache=str(tmp_path / "cache"),
+        )  # fmt: skip
+        return BlendedMegatronDatasetBuilder(GPTDataset, [20, 0, 0], lambda: True, config)
+
+    with pytest.raises(TokenizerMismatchError, match="shards tokenized with different"):
+        builder([str(tmp_path / "bytes"), str(tmp_path / "bpe")], TinyTokenizer()).build()
+    bytes_tokenizer = load_tokenizer(TokenizerSpec(kind="bytes"))
+    with pytest.raises(TokenizerMismatchError):
+        builder([str(tmp_path / "bpe")], bytes_tokenizer).build()
+    train, _, _ = builder([str(tmp_path / "bytes")] * 2, bytes_tokenizer).build()
+    assert len(train) == 20

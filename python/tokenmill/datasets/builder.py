@@ -16,6 +16,7 @@ but join every barrier, so no rank hangs.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -129,6 +130,7 @@ class BlendedMegatronDatasetBuilder:
 
         Must be called on every rank when torch.distributed is initialised.
         """
+        self._check_tokenizer_fingerprints()
         datasets = self._build_blended_dataset_splits()
         for split, dataset in zip(Split, datasets):
             if dataset is None or isinstance(dataset, list) or len(dataset) == 0:
@@ -146,6 +148,36 @@ class BlendedMegatronDatasetBuilder:
                     f"{dataset.num_samples} requested"
                 )
         return datasets
+
+    def _prefixes(self) -> list[str]:
+        blends = [self.config.blend] if self.config.blend else (self.config.blend_per_split or [])
+        prefixes: list[str] = []
+        for blend in blends:
+            if blend is not None:
+                prefixes.extend(p for p in blend[0] if p not in prefixes)
+        return prefixes
+
+    def _check_tokenizer_fingerprints(self) -> None:
+        """Refuse to blend shards written by different tokenizers (tokenmill's sidecars).
+
+        Datasets written by `tokenmill tokenize` carry `<prefix>.tokenmill.json`; those that have
+        one must agree with each other, and with the config's tokenizer when it is one of
+        tokenmill's. Datasets without a sidecar (e.g. megatron's preprocess_data.py) are not
+        checked.
+
+        Raises:
+            TokenizerMismatchError: two datasets, or a dataset and the tokenizer, differ.
+        """
+        if self.config.mock:
+            return
+        from tokenmill.tokenize.fingerprint import check_compatible, check_tokenizer, sidecar_path
+        from tokenmill.tokenize.tokenizers import Tokenizer
+
+        described = [p for p in self._prefixes() if os.path.exists(sidecar_path(p))]
+        if len(described) >= 2:
+            check_compatible(described)
+        if described and isinstance(self.config.tokenizer, Tokenizer):
+            check_tokenizer(described[0], self.config.tokenizer)
 
     # -- splits ------------------------------------------------------------------------------
 
