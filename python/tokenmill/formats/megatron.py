@@ -46,6 +46,7 @@ import numpy
 import numpy.typing as npt
 
 from tokenmill.errors import DataFormatError
+from tokenmill.formats._atomic import default_file_mode
 
 __all__ = [
     "INDEX_HEADER",
@@ -778,7 +779,7 @@ class IndexedDatasetBuilder:
         descriptor, self._temporary_bin_path = tempfile.mkstemp(
             prefix=f".{name}.", suffix=".tmp", dir=directory
         )
-        os.fchmod(descriptor, _default_file_mode())
+        os.fchmod(descriptor, default_file_mode())
         self._data_file = os.fdopen(descriptor, "wb")
         self._owner_process = os.getpid()
         self._finalized = False
@@ -1107,7 +1108,7 @@ class IndexedDatasetBuilder:
                 for part in parts:
                     if part.shape[0]:
                         stream.write(numpy.ascontiguousarray(part).data.cast("B"))
-            os.chmod(temporary, _default_file_mode())
+            os.chmod(temporary, default_file_mode())
             os.replace(temporary, idx_path)
         except BaseException:
             _remove_quietly(temporary)
@@ -1119,13 +1120,6 @@ class IndexedDatasetBuilder:
         if not getattr(self, "_finalized", True) and self._owner_process == os.getpid():
             self._data_file.close()
             _remove_quietly(self._temporary_bin_path)
-
-
-def _default_file_mode() -> int:
-    # mkstemp creates 0600 files; give the shard the mode a plain open() would have
-    umask = os.umask(0)
-    os.umask(umask)
-    return 0o666 & ~umask
 
 
 def _remove_quietly(path: str) -> None:

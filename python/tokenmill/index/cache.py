@@ -20,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
-import tempfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +29,7 @@ import numpy as np
 import numpy.typing as npt
 
 from tokenmill.errors import CacheError
+from tokenmill.formats._atomic import AtomicFile
 
 __all__ = ["ArraySpec", "IndexCache", "atomic_save_npy", "atomic_write_text"]
 
@@ -53,34 +53,24 @@ class ArraySpec:
         return None
 
 
-def _temporary_path(path: Path) -> Path:
-    handle, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(handle)
-    return Path(name)
-
-
 def atomic_write_text(path: Path, text: str) -> None:
     """Write `text` to `path` through a temporary file and a rename."""
-    temporary = _temporary_path(path)
+    target = AtomicFile(path)
     try:
-        temporary.write_text(text, encoding="utf-8")
-        os.replace(temporary, path)
-    except BaseException:
-        temporary.unlink(missing_ok=True)
-        raise
+        target.stream.write(text.encode("utf-8"))
+        target.commit()
+    finally:
+        target.abort()  # no-op after commit
 
 
 def atomic_save_npy(path: Path, array: npt.NDArray[Any]) -> None:
     """numpy.save `array` to `path` (same bytes) through a temporary file and a rename."""
-    temporary = _temporary_path(path)
+    target = AtomicFile(path)
     try:
-        with temporary.open("wb") as stream:
-            np.save(stream, array, allow_pickle=False)
-        os.chmod(temporary, 0o644)
-        os.replace(temporary, path)
-    except BaseException:
-        temporary.unlink(missing_ok=True)
-        raise
+        np.save(target.stream, array, allow_pickle=False)
+        target.commit()
+    finally:
+        target.abort()  # no-op after commit
 
 
 def _load_npy(path: Path) -> npt.NDArray[Any]:

@@ -19,11 +19,11 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from collections.abc import Mapping
 from typing import Any
 
 from tokenmill.errors import DataFormatError, TokenizerMismatchError
+from tokenmill.formats._atomic import AtomicFile
 from tokenmill.tokenize.tokenizers import Tokenizer
 
 __all__ = [
@@ -49,20 +49,15 @@ def sidecar_path(prefix: str) -> str:
 
 def write_json_atomic(path: str, payload: Mapping[str, Any]) -> None:
     """Write JSON to a temporary file beside ``path``, fsync it, and rename it into place."""
-    directory, name = os.path.split(os.path.abspath(path))
-    descriptor, temporary = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=directory)
+    target = AtomicFile(path)
     try:
-        with os.fdopen(descriptor, "w", encoding="utf-8") as stream:
-            json.dump(payload, stream, indent=1, sort_keys=True)
-            stream.write("\n")
-            stream.flush()
-            os.fsync(stream.fileno())
-        os.chmod(temporary, 0o644)
-        os.replace(temporary, path)
-    except BaseException:
-        if os.path.exists(temporary):
-            os.remove(temporary)
-        raise
+        text = json.dumps(payload, indent=1, sort_keys=True) + "\n"
+        target.stream.write(text.encode("utf-8"))
+        target.stream.flush()
+        os.fsync(target.stream.fileno())
+        target.commit()
+    finally:
+        target.abort()  # no-op after commit
 
 
 def write_sidecar(prefix: str, tokenizer: Mapping[str, Any], **fields: Any) -> dict[str, Any]:
