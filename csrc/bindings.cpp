@@ -302,6 +302,22 @@ void build_exhaustive_blending_indices(const py::array& sizes_array, py::array d
   }
 }
 
+// One visit per integer token dtype: the shards tokenmill reads store (u)int8/16/32/64.
+template <typename Visit>
+auto dispatch_tokens(const py::array& tokens, Visit visit) {
+  if (tokens.ndim() != 1) fail_value("tokens must be 1-D, got ndim " + std::to_string(tokens.ndim()));
+  if (has_dtype<uint16_t>(tokens)) return visit(input_span<uint16_t>(tokens, "tokens"));
+  if (has_dtype<uint32_t>(tokens)) return visit(input_span<uint32_t>(tokens, "tokens"));
+  if (has_dtype<int32_t>(tokens)) return visit(input_span<int32_t>(tokens, "tokens"));
+  if (has_dtype<int64_t>(tokens)) return visit(input_span<int64_t>(tokens, "tokens"));
+  if (has_dtype<uint8_t>(tokens)) return visit(input_span<uint8_t>(tokens, "tokens"));
+  if (has_dtype<int8_t>(tokens)) return visit(input_span<int8_t>(tokens, "tokens"));
+  if (has_dtype<int16_t>(tokens)) return visit(input_span<int16_t>(tokens, "tokens"));
+  if (has_dtype<uint64_t>(tokens)) return visit(input_span<uint64_t>(tokens, "tokens"));
+  throw py::type_error("tokens must have an integer dtype (u)int8/16/32/64, got " +
+                       dtype_name(tokens));
+}
+
 // -- packing ------------------------------------------------------------------------------
 
 template <typename T>
@@ -402,23 +418,14 @@ void gather_packed_rows(const py::array& entries_array, const py::array& row_off
       throw py::index_error(error.what());
     }
   };
-  if (has_dtype<uint16_t>(tokens_array)) {
-    run(input_span<uint16_t>(tokens_array, "tokens"));
-  } else if (has_dtype<int32_t>(tokens_array)) {
-    run(input_span<int32_t>(tokens_array, "tokens"));
-  } else if (has_dtype<uint8_t>(tokens_array)) {
-    run(input_span<uint8_t>(tokens_array, "tokens"));
-  } else if (has_dtype<int8_t>(tokens_array)) {
-    run(input_span<int8_t>(tokens_array, "tokens"));
-  } else if (has_dtype<int16_t>(tokens_array)) {
-    run(input_span<int16_t>(tokens_array, "tokens"));
-  } else if (has_dtype<uint32_t>(tokens_array)) {
-    run(input_span<uint32_t>(tokens_array, "tokens"));
-  } else if (has_dtype<int64_t>(tokens_array)) {
-    run(input_span<int64_t>(tokens_array, "tokens"));
-  } else {
-    throw py::type_error("tokens must have an integer dtype, got " + dtype_name(tokens_array));
-  }
+  dispatch_tokens(tokens_array, [&](auto token_span) {
+    using T = typename decltype(token_span)::element_type;
+    if constexpr (std::is_same_v<std::remove_const_t<T>, uint64_t>) {
+      throw py::type_error("tokens must be (u)int8/16, (u)int32 or int64, got uint64");
+    } else {
+      run(token_span);
+    }
+  });
 }
 
 // ---- sample gathering (GPTDataset.__getitem__ / __getitems__) ------------------------------
@@ -702,20 +709,6 @@ py::array_t<int64_t> positions_array(std::vector<int64_t>&& positions) {
   return py::array_t<int64_t>({static_cast<py::ssize_t>(owned->size())}, owned->data(), owner);
 }
 
-template <typename Visit>
-auto dispatch_tokens(const py::array& tokens, Visit visit) {
-  if (tokens.ndim() != 1) fail_value("tokens must be 1-D, got ndim " + std::to_string(tokens.ndim()));
-  if (has_dtype<uint16_t>(tokens)) return visit(input_span<uint16_t>(tokens, "tokens"));
-  if (has_dtype<uint32_t>(tokens)) return visit(input_span<uint32_t>(tokens, "tokens"));
-  if (has_dtype<int32_t>(tokens)) return visit(input_span<int32_t>(tokens, "tokens"));
-  if (has_dtype<int64_t>(tokens)) return visit(input_span<int64_t>(tokens, "tokens"));
-  if (has_dtype<uint8_t>(tokens)) return visit(input_span<uint8_t>(tokens, "tokens"));
-  if (has_dtype<int8_t>(tokens)) return visit(input_span<int8_t>(tokens, "tokens"));
-  if (has_dtype<int16_t>(tokens)) return visit(input_span<int16_t>(tokens, "tokens"));
-  if (has_dtype<uint64_t>(tokens)) return visit(input_span<uint64_t>(tokens, "tokens"));
-  throw py::type_error("tokens must have an integer dtype (u)int8/16/32/64, got " +
-                       dtype_name(tokens));
-}
 
 py::array_t<int64_t> find_token_positions(const py::array& tokens, const py::int_& token,
                                           int num_threads) {

@@ -7,9 +7,9 @@ import contextlib
 import errno
 import os
 import tempfile
-from typing import BinaryIO
+from typing import BinaryIO, TypeVar
 
-__all__ = ["AtomicFile", "default_file_mode"]
+__all__ = ["AtomicFile", "AtomicWriter", "default_file_mode"]
 
 
 def default_file_mode() -> int:
@@ -63,4 +63,30 @@ class AtomicFile:
 
     def __del__(self) -> None:
         if not getattr(self, "_done", True):
+            self.abort()
+
+
+_Writer = TypeVar("_Writer", bound="AtomicWriter")
+
+
+class AtomicWriter:
+    """Context-manager behaviour of a writer over an AtomicFile `_file`: `finalize()` on a clean
+    exit, `abort()` (nothing left behind) on an exception."""
+
+    _file: AtomicFile
+
+    def finalize(self) -> None:
+        raise NotImplementedError
+
+    def abort(self) -> None:
+        """Discard everything written."""
+        self._file.abort()
+
+    def __enter__(self: _Writer) -> _Writer:
+        return self
+
+    def __exit__(self, kind: object, value: object, traceback: object) -> None:
+        if kind is None:
+            self.finalize()
+        else:
             self.abort()

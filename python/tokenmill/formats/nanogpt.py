@@ -36,7 +36,7 @@ import numpy as np
 import numpy.typing as npt
 
 from tokenmill.errors import DataFormatError
-from tokenmill.formats._atomic import AtomicFile
+from tokenmill.formats._atomic import AtomicFile, AtomicWriter
 
 __all__ = [
     "HEADER_BYTES",
@@ -226,7 +226,7 @@ def _check_fits(path: str, array: npt.NDArray[Any], dtype: np.dtype[Any]) -> Non
         raise OverflowError(f"{path}: token {bad} does not fit {dtype.name} [0, {info.max}]")
 
 
-class NanogptShardWriter:
+class NanogptShardWriter(AtomicWriter):
     """Streams tokens into a shard; the file appears only when :meth:`finalize` succeeds.
 
     Use as a context manager (``finalize`` on success, nothing left behind on an exception).
@@ -314,19 +314,6 @@ class NanogptShardWriter:
                 token_count=self.token_count,
                 bos_token=self.bos_token,
             )
-
-    def abort(self) -> None:
-        """Discard everything written."""
-        self._file.abort()
-
-    def __enter__(self) -> NanogptShardWriter:
-        return self
-
-    def __exit__(self, kind: object, value: object, traceback: object) -> None:
-        if kind is None:
-            self.finalize()
-        else:
-            self.abort()
 
 
 def write_nanogpt_shard(

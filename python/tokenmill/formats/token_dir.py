@@ -29,7 +29,7 @@ import numpy as np
 import numpy.typing as npt
 
 from tokenmill.errors import DataFormatError
-from tokenmill.formats._atomic import AtomicFile
+from tokenmill.formats._atomic import AtomicFile, AtomicWriter
 
 __all__ = [
     "RAW_METADATA_NAME",
@@ -198,7 +198,7 @@ def _open_npy(path: str, dtype: npt.DTypeLike | None) -> npt.NDArray[Any]:
     return array
 
 
-class NpyShardWriter:
+class NpyShardWriter(AtomicWriter):
     """Streams ``token_count`` tokens into a ``.npy`` file (constant memory, atomic).
 
     Args:
@@ -254,19 +254,6 @@ class NpyShardWriter:
                 f"{self.path}: {self.written} tokens written, {self.token_count} announced"
             )
         self._file.commit()
-
-    def abort(self) -> None:
-        """Discard the file."""
-        self._file.abort()
-
-    def __enter__(self) -> NpyShardWriter:
-        return self
-
-    def __exit__(self, kind: object, value: object, traceback: object) -> None:
-        if kind is None:
-            self.finalize()
-        else:
-            self.abort()
 
 
 def write_npy_shard(path: str | os.PathLike[str], tokens: npt.ArrayLike) -> None:
