@@ -166,12 +166,16 @@ class GPTDataset(MegatronDataset):
     # -- index construction ------------------------------------------------------------------
 
     def _plan(self) -> GptIndexPlan:
+        """The scalar facts of this dataset's index (computed once: an O(documents) pass)."""
+        cached: GptIndexPlan | None = self.__dict__.get("_plan_cache")
+        if cached is not None:
+            return cached
         if self.indices is None:
             raise CacheError(
                 f"{type(self).__name__} {self.index_split.name}: no indexed_indices "
                 "(fast_cache_load) and no valid cache to load"
             )
-        return plan_gpt_indices(
+        self._plan_cache = plan_gpt_indices(
             np.asarray(self.dataset.sequence_lengths),
             as_document_ids(self.indices),
             self.num_samples,
@@ -180,6 +184,7 @@ class GPTDataset(MegatronDataset):
             self._drop_last_partial_sequence(),
             exact_sample_count=self.config.exact_sample_count,
         )
+        return self._plan_cache
 
     def _build_arrays(self, plan: GptIndexPlan) -> dict[str, npt.NDArray[Any]]:
         started = time.perf_counter()
