@@ -212,7 +212,7 @@ void check_blend_outputs(const py::array& dataset_index, const py::array& datase
 // AVX2) or "tree", and the active set's window, initial margin and AVX-512 block length (0 /
 // negative: the defaults).
 tokenmill::BlendingOptions blending_options(const std::string& path, size_t window, double margin,
-                                            size_t block) {
+                                            size_t block, size_t threads, bool guess_zero) {
   using Path = tokenmill::BlendingOptions::Path;
   tokenmill::BlendingOptions options;
   if (path == "auto") {
@@ -236,13 +236,16 @@ tokenmill::BlendingOptions blending_options(const std::string& path, size_t wind
   options.window = window;
   options.margin = margin;
   options.block = block;
+  options.threads = threads;
+  options.guess_zero = guess_zero;
   return options;
 }
 
 void build_blending_indices(const py::array& weights_array, py::array dataset_index,
                             py::array dataset_sample_index, const std::string& path,
-                            size_t window, double margin, size_t block) {
-  const auto options = blending_options(path, window, margin, block);
+                            size_t window, double margin, size_t block,
+                            size_t threads, bool guess_zero) {
+  const auto options = blending_options(path, window, margin, block, threads, guess_zero);
   auto weights = input_span<double>(weights_array, "weights");
   if (weights.empty()) fail_value("weights must not be empty");
   for (size_t d = 0; d < weights.size(); ++d) {
@@ -269,8 +272,9 @@ void build_blending_indices(const py::array& weights_array, py::array dataset_in
 
 void build_exhaustive_blending_indices(const py::array& sizes_array, py::array dataset_index,
                                        py::array dataset_sample_index, const std::string& path,
-                                       size_t window, double margin, size_t block) {
-  const auto options = blending_options(path, window, margin, block);
+                                       size_t window, double margin, size_t block,
+                            size_t threads, bool guess_zero) {
+  const auto options = blending_options(path, window, margin, block, threads, guess_zero);
   auto sizes = input_span<int64_t>(sizes_array, "sizes");
   if (sizes.empty()) fail_value("sizes must not be empty");
   int64_t total = 0;
@@ -763,15 +767,18 @@ PYBIND11_MODULE(_core, m, py::mod_gil_not_used()) {
         "Fill the document, sample and shuffle indices of a GPTDataset.");
   m.def("build_blending_indices", &build_blending_indices, "weights"_a.noconvert(),
         "dataset_index"_a.noconvert(), "dataset_sample_index"_a.noconvert(), py::kw_only(),
-        "path"_a = "auto", "window"_a = 0, "margin"_a = -1.0, "block"_a = 0,
-        "Greedy blending indices (megatron-core's build_blending_indices). path, window, "
-        "margin and block are a test hook: they choose the kernel, never the result.");
+        "path"_a = "auto", "window"_a = 0, "margin"_a = -1.0, "block"_a = 0, "threads"_a = 0,
+        "guess_zero"_a = false,
+        "Greedy blending indices (megatron-core's build_blending_indices). threads: 0 for the "
+        "CPU count; path, window, margin, block and guess_zero are a test hook: they choose the "
+        "kernel, never the result.");
   m.def("build_exhaustive_blending_indices", &build_exhaustive_blending_indices,
         "sizes"_a.noconvert(), "dataset_index"_a.noconvert(),
         "dataset_sample_index"_a.noconvert(), py::kw_only(), "path"_a = "auto", "window"_a = 0,
-        "margin"_a = -1.0, "block"_a = 0,
-        "Exhaustive blending indices (megatron-core's build_exhaustive_blending_indices). path, "
-        "window, margin and block are a test hook: they choose the kernel, never the result.");
+        "margin"_a = -1.0, "block"_a = 0, "threads"_a = 0, "guess_zero"_a = false,
+        "Exhaustive blending indices (megatron-core's build_exhaustive_blending_indices). "
+        "threads: 0 for the CPU count; path, window, margin, block and guess_zero are a test "
+        "hook: they choose the kernel, never the result.");
   m.def("plan_packing", &plan_packing, "lengths"_a.noconvert(), "row_length"_a, "overlap"_a,
         "max_pieces_per_row"_a, "window"_a, "max_open_rows"_a, "segment"_a, "bos_aligned"_a,
         "num_threads"_a = 1,

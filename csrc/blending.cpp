@@ -30,8 +30,8 @@
 // look again and is computed conservatively (see certify()), so for every integer time before it
 // the floating-point comparison has the same outcome. When the margin cannot be shown (nearly
 // equal weights) the node is re-examined at the next sample: slower, still exact. Inputs whose
-// products could approach overflow, and blends of at most kScanMaxDatasets datasets, take a
-// plain scan, exact by construction.
+// products could approach overflow, and blends of fewer than kActiveMinDatasets datasets, take a
+// plain scan (or its AVX-512 register version), exact by construction.
 //
 // Exhaustive blending is the same tree with weights sizes[d] / total; a dataset whose count
 // reaches its size points its leaf at a sentinel that never wins, which is megatron's removal
@@ -46,6 +46,7 @@
 #include <cmath>
 #include <functional>
 #include <limits>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -56,10 +57,6 @@
 namespace tokenmill {
 namespace {
 
-// Up to this many datasets the plain scan is about as fast as the tree or faster: measured, the
-// tree wins from ~30 datasets for equal or power-law weights but only from ~200 for uniform or
-// lognormal ones (benchmarks/BLENDING.md).
-constexpr size_t kScanMaxDatasets = 128;
 
 constexpr double kNever = std::numeric_limits<double>::infinity();
 
@@ -324,8 +321,8 @@ class Scan {
 // A in place. A sample the kernel cannot prove (largest key in A below L, or equal largest keys
 // in several slots) goes through the per-sample step, as without AVX-512.
 // By Little's law |A| is about n x (mean winning key - L), a few dozen at n = 1000. Equal weights
-// have a winning band as wide as [0, 1), so A holds about half of the datasets: there, above
-// kScanMaxDatasets datasets, the kernel hands over to the tree once A stays large.
+// have a winning band as wide as [0, 1), so A holds about half of the datasets: there the
+// greedy kernel hands over to the tree once A stays large, for a span of samples (doubling).
 
 constexpr size_t kActiveMinDatasets = 48;  // below this, the plain scan is as fast (measured)
 constexpr size_t kDefaultWindow = 1024;
@@ -455,9 +452,9 @@ inline __m512d max_range(const __m512d* k) {
 // slot number, the outputs and the counts in memory (`c[slot]`, `count[member[slot]]`) are
 // computed off that chain.
 template <int NV, typename IndexT>
-size_t decide_block(const double* w, double* c, double* count, const int32_t* member, double L,
-                    size_t begin, size_t end, IndexT* ids, int64_t* positions, double& lowest,
-                    bool ordered) {
+size_t decide_block(const double* w, double* c, double* count, const int32_t* member,
+                    const double* limit, double L, size_t begin, size_t end, IndexT* ids,
+                    int64_t* positions, double& lowest, bool ordered) {
   __m512d weight[NV];
   __m512d cnt[NV];
   for (int j = 0; j < NV; ++j) {
@@ -548,6 +545,12 @@ size_t decide_block(const double* w, double* c, double* count, const int32_t* me
     c[slot] = before + 1.0;
     count[d] = before + 1.0;
     low = _mm512_min_pd(low, m);
+    // Exhaustive: a spent dataset leaves the blend, which the caller does before going on. Off
+    // the chain, and taken once per dataset.
+    if (limit != nullptr && __builtin_expect(before + 1.0 >= limit[slot], 0)) {
+      ++i;
+      break;
+    }
   }
   lowest = _mm512_cvtsd_f64(low);
   return i;
@@ -556,44 +559,44 @@ size_t decide_block(const double* w, double* c, double* count, const int32_t* me
 // decide_block for the smallest NV that covers `slots` (1 to kDecideMaxSlots slots).
 template <typename IndexT>
 size_t decide(size_t slots, const double* w, double* c, double* count, const int32_t* member,
-              double L, size_t begin, size_t end, IndexT* ids, int64_t* positions,
-              double& lowest, bool ordered) {
+              const double* limit, double L, size_t begin, size_t end, IndexT* ids,
+              int64_t* positions, double& lowest, bool ordered) {
   switch ((slots + 7) / 8) {
     case 1:
-      return decide_block<1>(w, c, count, member, L, begin, end, ids, positions, lowest,
+      return decide_block<1>(w, c, count, member, limit, L, begin, end, ids, positions, lowest,
                               ordered);
     case 2:
-      return decide_block<2>(w, c, count, member, L, begin, end, ids, positions, lowest,
+      return decide_block<2>(w, c, count, member, limit, L, begin, end, ids, positions, lowest,
                               ordered);
     case 3:
-      return decide_block<3>(w, c, count, member, L, begin, end, ids, positions, lowest,
+      return decide_block<3>(w, c, count, member, limit, L, begin, end, ids, positions, lowest,
                               ordered);
     case 4:
-      return decide_block<4>(w, c, count, member, L, begin, end, ids, positions, lowest,
+      return decide_block<4>(w, c, count, member, limit, L, begin, end, ids, positions, lowest,
                               ordered);
     case 5:
-      return decide_block<5>(w, c, count, member, L, begin, end, ids, positions, lowest,
+      return decide_block<5>(w, c, count, member, limit, L, begin, end, ids, positions, lowest,
                               ordered);
     case 6:
-      return decide_block<6>(w, c, count, member, L, begin, end, ids, positions, lowest,
+      return decide_block<6>(w, c, count, member, limit, L, begin, end, ids, positions, lowest,
                               ordered);
     case 7:
-      return decide_block<7>(w, c, count, member, L, begin, end, ids, positions, lowest,
+      return decide_block<7>(w, c, count, member, limit, L, begin, end, ids, positions, lowest,
                               ordered);
     case 8:
-      return decide_block<8>(w, c, count, member, L, begin, end, ids, positions, lowest,
+      return decide_block<8>(w, c, count, member, limit, L, begin, end, ids, positions, lowest,
                               ordered);
     case 9:
-      return decide_block<9>(w, c, count, member, L, begin, end, ids, positions, lowest,
+      return decide_block<9>(w, c, count, member, limit, L, begin, end, ids, positions, lowest,
                               ordered);
     case 10:
-      return decide_block<10>(w, c, count, member, L, begin, end, ids, positions, lowest,
+      return decide_block<10>(w, c, count, member, limit, L, begin, end, ids, positions, lowest,
                               ordered);
     case 11:
-      return decide_block<11>(w, c, count, member, L, begin, end, ids, positions, lowest,
+      return decide_block<11>(w, c, count, member, limit, L, begin, end, ids, positions, lowest,
                               ordered);
     default:
-      return decide_block<12>(w, c, count, member, L, begin, end, ids, positions, lowest,
+      return decide_block<12>(w, c, count, member, limit, L, begin, end, ids, positions, lowest,
                               ordered);
   }
 }
@@ -607,8 +610,8 @@ constexpr size_t kDecideMaxSlots = 96;
 // dataset is a slot, L = -inf). A sample it cannot decide (equal largest keys) takes the plain
 // scan, which picks the lowest index.
 template <typename IndexT>
-void register_scan(std::span<const double> weights, std::span<IndexT> ids,
-                   std::span<int64_t> positions) {
+void register_scan(std::span<const double> weights, std::vector<double>& initial, size_t start,
+                   std::span<IndexT> ids, std::span<int64_t> positions) {
   struct alignas(64) Chunk {
     double v[8];
   };
@@ -618,14 +621,14 @@ void register_scan(std::span<const double> weights, std::span<IndexT> ids,
   std::vector<int32_t> member(w.size() * 8);
   for (size_t s = 0; s < w.size() * 8; ++s) {
     w[s / 8].v[s % 8] = s < n ? weights[s] : 0.0;
-    c[s / 8].v[s % 8] = s < n ? 0.0 : kNever;
+    c[s / 8].v[s % 8] = s < n ? initial[s] : kNever;
     member[s] = static_cast<int32_t>(s);
   }
   double* const counts = c.data()->v;
   double lowest = kNever;
-  for (size_t i = 0; i < ids.size();) {
-    i = decide(n, w.data()->v, counts, counts, member.data(), -kNever, i, ids.size(), ids.data(),
-               positions.data(), lowest, true);
+  for (size_t i = start; i < ids.size();) {
+    i = decide(n, w.data()->v, counts, counts, member.data(), nullptr, -kNever, i, ids.size(),
+               ids.data(), positions.data(), lowest, true);
     if (i == ids.size()) break;
     const size_t d = scan_first_max(w.data()->v, counts, w.size() * 8,
                                     static_cast<double>(std::max<size_t>(i, 1)));
@@ -634,6 +637,7 @@ void register_scan(std::span<const double> weights, std::span<IndexT> ids,
     counts[d] += 1.0;
     ++i;
   }
+  for (size_t d = 0; d < n; ++d) initial[d] = counts[d];
 }
 }  // namespace avx512
 #pragma GCC diagnostic pop
@@ -674,19 +678,21 @@ bool may_overflow(std::span<const double> weights, size_t samples) {
   return !(max_weight * static_cast<double>(std::max<size_t>(samples, 1)) < 0x1p900);
 }
 
-// Samples [start, end) with the scan. `counts[d]` is d's count, +inf once spent; `limits[d]` the
-// count at which it is spent (+inf: greedy).
+// Samples [start, ids.size()) with the scan. `counts[d]` is d's count, +inf once spent (updated in
+// place); `limits[d]` the count at which it is spent (+inf: greedy). Returns the sample it
+// stopped at: ids.size(), or earlier once every dataset is spent.
 template <typename IndexT>
-void scan_from(std::span<const double> weights, std::span<const double> limits,
-               std::vector<double> counts, size_t start, std::span<IndexT> ids,
-               std::span<int64_t> positions) {
+size_t scan_from(std::span<const double> weights, std::span<const double> limits,
+                 std::vector<double>& counts, size_t start, std::span<IndexT> ids,
+                 std::span<int64_t> positions) {
   Scan scan(weights);
   size_t alive = 0;
   for (size_t d = 0; d < weights.size(); ++d) {
     scan.set_count(d, counts[d]);
     alive += counts[d] != kNever ? 1 : 0;
   }
-  for (size_t i = start; i < ids.size() && alive > 0; ++i) {
+  size_t i = start;
+  for (; i < ids.size() && alive > 0; ++i) {
     const size_t d = scan.winner(static_cast<double>(std::max<size_t>(i, 1)));
     ids[i] = static_cast<IndexT>(d);
     positions[i] = static_cast<int64_t>(counts[d]);
@@ -697,15 +703,16 @@ void scan_from(std::span<const double> weights, std::span<const double> limits,
     }
     scan.set_count(d, counts[d]);
   }
+  return i;
 }
 
 // The same with the kinetic tournament tree.
 template <typename IndexT>
-void tree_from(std::span<const double> weights, std::span<const double> limits,
-               std::vector<double> counts, size_t start, std::span<IndexT> ids,
-               std::span<int64_t> positions) {
+size_t tree_from(std::span<const double> weights, std::span<const double> limits,
+                 std::vector<double>& counts, size_t start, std::span<IndexT> ids,
+                 std::span<int64_t> positions) {
   const size_t samples = ids.size();
-  if (start >= samples) return;
+  if (start >= samples) return start;
   KineticTournament tree(weights);
   size_t alive = 0;
   for (size_t d = 0; d < weights.size(); ++d) {
@@ -716,41 +723,49 @@ void tree_from(std::span<const double> weights, std::span<const double> limits,
       ++alive;
     }
   }
-  if (alive == 0) return;
+  if (alive == 0) return start;
   size_t d = tree.first_winner(static_cast<double>(std::max<size_t>(start, 1)));
   for (size_t i = start;;) {
     ids[i] = static_cast<IndexT>(d);
     positions[i] = static_cast<int64_t>(counts[d]);
     counts[d] += 1.0;
     if (counts[d] >= limits[d]) {
+      counts[d] = kNever;
       tree.kill(d);
-      if (--alive == 0) break;
+      if (--alive == 0) return i + 1;
     }
-    if (++i == samples) break;
+    if (++i == samples) return samples;
     d = tree.next_winner(d, counts[d], static_cast<double>(i));
   }
 }
 
-// The active set from sample 0; returns where it stopped (see ActiveBlend::run) and leaves the
-// counts there in `counts`.
+// The active set from sample `start` and `counts`; returns where it stopped (see
+// ActiveBlend::run) and leaves the counts there in `counts`.
 template <typename Active, typename IndexT>
 size_t run_active(std::span<const double> weights, std::span<const double> limits,
-                  const BlendingOptions& options, std::span<IndexT> ids,
+                  const BlendingOptions& options, size_t start, std::span<IndexT> ids,
                   std::span<int64_t> positions, bool may_hand_over, std::vector<double>& counts) {
-  Active active(weights, std::vector<double>(limits.begin(), limits.end()), ids.size(), options);
+  Active active(weights, std::vector<double>(limits.begin(), limits.end()), counts, start,
+                ids.size(), options);
   const size_t end = active.run(ids, positions, may_hand_over);
   for (size_t d = 0; d < weights.size(); ++d) counts[d] = active.count(d);
   return end;
 }
 
+// Samples handed over to the scan or the tree before the active set is tried again (doubling).
+constexpr size_t kHandOverSpan = size_t{1} << 16;
+
+// Samples [start, ids.size()) from `counts`, the counts at sample `start` (+inf: spent), by the
+// kernel the options and the CPU choose. Leaves the counts where it stopped in `counts` and
+// returns that sample: ids.size(), or earlier once every dataset is spent.
 template <typename IndexT>
-void blend(std::span<const double> weights, std::span<const double> limits,
-           std::span<IndexT> ids, std::span<int64_t> positions, const BlendingOptions& options) {
+size_t blend_range(std::span<const double> weights, std::span<const double> limits,
+                   std::vector<double>& counts, size_t start, std::span<IndexT> ids,
+                   std::span<int64_t> positions, const BlendingOptions& options) {
   using Path = BlendingOptions::Path;
   const size_t n = weights.size();
   const size_t samples = ids.size();
-  std::vector<double> counts(n);
-  for (size_t d = 0; d < n; ++d) counts[d] = limits[d] > 0.0 ? 0.0 : kNever;
+  if (start >= samples) return start;
   const bool greedy = std::all_of(limits.begin(), limits.end(), [](double l) { return l == kNever; });
   Path path = options.path;
   if (path == Path::kAuto) {
@@ -759,41 +774,201 @@ void blend(std::span<const double> weights, std::span<const double> limits,
   if (may_overflow(weights, samples)) path = Path::kScan;
 #ifdef TOKENMILL_BLEND_X86
   if (path == Path::kScanSimd && greedy && n <= avx512::kDecideMaxSlots && has_avx512()) {
-    avx512::register_scan(weights, ids, positions);
-    return;
+    avx512::register_scan(weights, counts, start, ids, positions);
+    return samples;
   }
 #endif
   if (path == Path::kScanSimd) path = Path::kScan;
-  if (path == Path::kScan) {
-    scan_from(weights, limits, std::move(counts), 0, ids, positions);
-    return;
-  }
-  if (path == Path::kTree) {
-    tree_from(weights, limits, std::move(counts), 0, ids, positions);
-    return;
-  }
-  const bool may_hand_over = options.path == Path::kAuto;
+  if (path == Path::kScan) return scan_from(weights, limits, counts, start, ids, positions);
+  if (path == Path::kTree) return tree_from(weights, limits, counts, start, ids, positions);
+  // Exhaustive blends never hand over: their tree costs 4-10x the active set's worst stretch
+  // (measured at 1000 datasets: lognormal, uniform and lognormal with every size >= 100).
+  const bool may_hand_over = options.path == Path::kAuto && greedy;
+  // A hand-over is for a span of samples, after which the active set is tried again: A can stay
+  // large for a while and then shrink (exhaustive blends: near t = total * p / q, the keys of
+  // all datasets bunch at multiples of 1 / q). Spans double, so a blend whose A stays large
+  // (equal weights) pays the active set's restarts only O(log samples) times.
+  size_t at = start;
+  size_t span = kHandOverSpan;
+  for (;;) {
 #ifdef TOKENMILL_BLEND_X86
-  size_t end = 0;
-  if (path == Path::kActive && has_avx512()) {
-    end = run_active<avx512::ActiveBlend>(weights, limits, options, ids, positions, may_hand_over,
-                                          counts);
-  } else if (path != Path::kActiveBaseline && has_avx2()) {
-    end = run_active<avx2::ActiveBlend>(weights, limits, options, ids, positions, may_hand_over,
-                                        counts);
-  } else {
-    end = run_active<sse2::ActiveBlend>(weights, limits, options, ids, positions, may_hand_over,
-                                        counts);
-  }
+    size_t end = 0;
+    if (path == Path::kActive && has_avx512()) {
+      end = run_active<avx512::ActiveBlend>(weights, limits, options, at, ids, positions,
+                                            may_hand_over, counts);
+    } else if (path != Path::kActiveBaseline && has_avx2()) {
+      end = run_active<avx2::ActiveBlend>(weights, limits, options, at, ids, positions,
+                                          may_hand_over, counts);
+    } else {
+      end = run_active<sse2::ActiveBlend>(weights, limits, options, at, ids, positions,
+                                          may_hand_over, counts);
+    }
 #else
-  const size_t end = run_active<portable::ActiveBlend>(weights, limits, options, ids, positions,
-                                                       may_hand_over, counts);
+    const size_t end = run_active<portable::ActiveBlend>(weights, limits, options, at, ids,
+                                                         positions, may_hand_over, counts);
 #endif
-  if (end == samples) return;
-  if (n <= kScanMaxDatasets) {
-    scan_from(weights, limits, std::move(counts), end, ids, positions);
-  } else {
-    tree_from(weights, limits, std::move(counts), end, ids, positions);
+    const bool spent = std::all_of(counts.begin(), counts.end(), [](double c) { return c == kNever; });
+    if (end == samples || spent) return end;
+    const size_t until = std::min(samples, end + span);
+    span *= 2;
+    // The tree, not the scan, even for few datasets: where A stays large (equal weights) the
+    // tree's certificates last long (measured 50-120 ns against the scan's 60-260 at 48-200
+    // equal weights).
+    const size_t reached = tree_from(weights, limits, counts, end, ids.first(until), positions);
+    if (reached < until || until == samples) return reached;
+    at = until;
+  }
+}
+
+// ---- Speculative chunks ------------------------------------------------------------------------
+//
+// The rule is sequential: sample i depends on the counts after sample i - 1. But the counts are
+// the whole state (the keys are a function of the weights, the counts and i), and the greedy
+// rule keeps every count within a few samples of weight * i. So a blend of many samples is cut
+// into chunks; chunk 0 starts from the true counts (zero) and every other chunk from a guess of
+// the counts at its first sample (weight * start rounded so they sum to start, capped at the
+// limits), all chunks on their own threads. Started from a guess, a chunk's run is the true
+// run as soon as its counts equal the true counts at the same sample: from there on both runs
+// are the same function of the same state. Measured, a guess differs from the truth in a few
+// counts at 1000 datasets and the two runs meet within a few dozen samples.
+//
+// After the threads join, every chunk is repaired in order: with the true counts at its first
+// sample (the previous chunk's, once repaired), the true run is recomputed over growing spans
+// (overwriting the guessed run's output) until its counts equal the guessed run's counts at the
+// same sample. Those are the guessed counts advanced over the guessed run's own output, read
+// before it is overwritten. If they never meet, the chunk is recomputed whole (as slow as one
+// thread, still exact). Every output sample is thus either recomputed from the true state or
+// decided from a state proven equal to it: the output is the single-threaded output, bit for
+// bit (tests/test_blending_kernels.py forces tiny chunks and bad guesses to check it).
+
+// Samples per chunk below which threads are not worth starting (a thread start and a repair cost
+// tens of microseconds; a sample tens of nanoseconds).
+constexpr size_t kMinChunk = size_t{1} << 18;
+
+// The guessed counts at sample `start`.
+std::vector<double> guess_counts(std::span<const double> weights, std::span<const double> limits,
+                                 size_t start) {
+  const size_t n = weights.size();
+  std::vector<double> counts(n, 0.0);
+  double total = 0.0;
+  for (const double w : weights) total += w;
+  if (!(total > 0.0)) return counts;
+  std::vector<double> rest(n);
+  size_t assigned = 0;
+  for (size_t d = 0; d < n; ++d) {
+    const double share = weights[d] / total * static_cast<double>(start);
+    const double whole = std::floor(share);
+    counts[d] = whole;
+    rest[d] = share - whole;
+    assigned += static_cast<size_t>(whole);
+  }
+  // The largest remainders get one more, so the counts sum to `start` as the true ones do.
+  if (assigned < start) {
+    std::vector<size_t> order(n);
+    for (size_t d = 0; d < n; ++d) order[d] = d;
+    const size_t extra = std::min(start - assigned, n);
+    std::partial_sort(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(extra),
+                      order.end(), [&](size_t a, size_t b) { return rest[a] > rest[b]; });
+    for (size_t k = 0; k < extra; ++k) counts[order[k]] += 1.0;
+  }
+  for (size_t d = 0; d < n; ++d) {
+    if (counts[d] >= limits[d]) counts[d] = kNever;  // spent
+  }
+  return counts;
+}
+
+size_t mismatches(const std::vector<double>& a, const std::vector<double>& b) {
+  size_t differ = 0;
+  for (size_t d = 0; d < a.size(); ++d) differ += a[d] != b[d] ? 1 : 0;
+  return differ;
+}
+
+// Makes chunk [begin, end) exact, given the true counts at `begin` (`truth`). The guessed run
+// filled [begin, guessed_end) from `guessed` and finished with `guessed_final`. Returns the true
+// counts at the end of the chunk (and where the true run stopped, in `stop`).
+template <typename IndexT>
+std::vector<double> repair(std::span<const double> weights, std::span<const double> limits,
+                           std::vector<double> truth, std::vector<double> guessed,
+                           std::vector<double> guessed_final, size_t guessed_end, size_t begin,
+                           size_t end, std::span<IndexT> ids, std::span<int64_t> positions,
+                           const BlendingOptions& options, size_t& stop) {
+  size_t at = begin;
+  size_t span = 64;
+  bool met = mismatches(truth, guessed) == 0;
+  while (!met && at < end) {
+    const size_t until = std::min(end, at + span);
+    span *= 2;
+    // The guessed run's counts at `until`, from its own output (read before it is overwritten).
+    const bool comparable = until <= guessed_end;
+    if (comparable) {
+      for (size_t i = at; i < until; ++i) {
+        const auto d = static_cast<size_t>(ids[i]);
+        guessed[d] += 1.0;
+        if (guessed[d] >= limits[d]) guessed[d] = kNever;
+      }
+    }
+    const size_t reached = blend_range(weights, limits, truth, at, ids.first(until), positions,
+                                       options);
+    if (reached < until) {  // every dataset spent: the blend ends here
+      stop = reached;
+      return truth;
+    }
+    at = until;
+    met = comparable && mismatches(truth, guessed) == 0;
+  }
+  if (!met) {
+    stop = at;
+    return truth;
+  }
+  stop = guessed_end;
+  return guessed_final;
+}
+
+template <typename IndexT>
+void blend(std::span<const double> weights, std::span<const double> limits,
+           std::span<IndexT> ids, std::span<int64_t> positions, const BlendingOptions& options) {
+  const size_t n = weights.size();
+  const size_t samples = ids.size();
+  std::vector<double> zero(n);
+  for (size_t d = 0; d < n; ++d) zero[d] = limits[d] > 0.0 ? 0.0 : kNever;
+  size_t threads = options.threads;
+  if (threads == 0) {
+    threads = std::max<size_t>(1, std::min<size_t>(std::thread::hardware_concurrency(), 8));
+    threads = std::min(threads, std::max<size_t>(1, samples / kMinChunk));
+  }
+  threads = std::min(threads, std::max<size_t>(1, samples));
+  if (threads <= 1) {
+    blend_range(weights, limits, zero, 0, ids, positions, options);
+    return;
+  }
+  std::vector<size_t> bounds(threads + 1);
+  for (size_t p = 0; p <= threads; ++p) bounds[p] = samples / threads * p;
+  bounds[threads] = samples;
+  std::vector<std::vector<double>> guessed(threads);
+  std::vector<std::vector<double>> finals(threads);
+  std::vector<size_t> ends(threads);
+  auto run_chunk = [&](size_t p) {
+    guessed[p] = p == 0 ? zero
+                 : options.guess_zero ? zero
+                                      : guess_counts(weights, limits, bounds[p]);
+    finals[p] = guessed[p];
+    ends[p] = blend_range(weights, limits, finals[p], bounds[p], ids.first(bounds[p + 1]),
+                          positions, options);
+  };
+  {
+    std::vector<std::thread> workers;
+    workers.reserve(threads - 1);
+    for (size_t p = 1; p < threads; ++p) workers.emplace_back(run_chunk, p);
+    run_chunk(0);
+    for (std::thread& worker : workers) worker.join();
+  }
+  // Chunk 0 is exact; each later chunk is repaired from the true counts at its start.
+  std::vector<double> truth = std::move(finals[0]);
+  size_t reached = ends[0];
+  for (size_t p = 1; p < threads; ++p) {
+    if (reached < bounds[p]) return;  // every dataset spent before this chunk: the blend ended
+    truth = repair(weights, limits, std::move(truth), std::move(guessed[p]), std::move(finals[p]),
+                   ends[p], bounds[p], bounds[p + 1], ids, positions, options, reached);
   }
 }
 

@@ -25,6 +25,10 @@ struct BlendingOptions {
   size_t window = 0;    // active set: samples between threshold updates (0: default)
   double margin = -1;   // active set: initial margin below the winning keys (< 0: default)
   size_t block = 0;     // active set, AVX-512: samples per block (0: default; rounded to 2^k)
+  // Threads, each deciding one chunk of the samples from guessed counts, repaired afterwards
+  // (0: the CPU count, at most 8, with at least 2^18 samples per chunk; 1: one thread).
+  size_t threads = 0;
+  bool guess_zero = false;  // test hook: start every chunk from zero counts (forces repairs)
 };
 
 template <typename IndexT>

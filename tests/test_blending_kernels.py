@@ -1,7 +1,8 @@
 """Blending kernels: exact equality with the pure-Python references and with megatron-core.
 
 The kernel takes a plain scan below 48 datasets, an active set with a re-entry calendar above,
-and hands over to a kinetic tournament tree above 128 datasets when the active set stays large.
+and (greedy) hands over to a kinetic tournament tree for a while when the active set stays large;
+large blends are split into speculative chunks on several threads and repaired to be exact.
 The property tests draw blends on several sides of those lines, on the inputs where
 floating-point rounding and ties decide the outcome: tiny weights, equal weights, exact binary
 fractions; the active-set tests force each path (and fallbacks) through a private hook.
@@ -29,7 +30,7 @@ from tokenmill.index.blending import (
 
 from reference import blending_indices_reference, exhaustive_blending_indices_reference
 
-TREE_MIN_DATASETS = 129  # the first blend size that takes the tree (csrc/blending.cpp)
+TREE_MIN_DATASETS = 129  # blends this large and above: the active set and its tree hand-over
 
 # Weights on which rounding and ties matter, mixed with arbitrary ones.
 special_weights = st.sampled_from([0.0, 1e-9, 1e-300, 0.5, 0.25, 0.125, 0.375, 1.0, 3.0, 0.1])
@@ -323,6 +324,10 @@ def test_greedy_matches_megatron(n: int, size: int, kind: str) -> None:
     ids, positions = build_blending_indices(weights, size)
     np.testing.assert_array_equal(ids, expected_ids)
     np.testing.assert_array_equal(positions, expected_positions)
+    # The same split into speculative chunks on four threads.
+    ids, positions = blend_with(weights, size, threads=4)
+    np.testing.assert_array_equal(ids, expected_ids)
+    np.testing.assert_array_equal(positions, expected_positions)
 
 
 @pytest.mark.megatron
@@ -338,6 +343,10 @@ def test_greedy_matches_megatron_random_shapes(seed: int) -> None:
     expected_positions = np.empty(size, dtype=np.int64)
     helpers.build_blending_indices(expected_ids, expected_positions, weights, n, size, False)
     ids, positions = build_blending_indices(weights, size)
+    np.testing.assert_array_equal(ids, expected_ids)
+    np.testing.assert_array_equal(positions, expected_positions)
+    # The same split into speculative chunks on four threads.
+    ids, positions = blend_with(weights, size, threads=4)
     np.testing.assert_array_equal(ids, expected_ids)
     np.testing.assert_array_equal(positions, expected_positions)
 
@@ -569,13 +578,78 @@ def test_block_kernel_on_near_ties(style: str, n: int) -> None:
 
 
 @pytest.mark.parametrize("block", [1, 32, 4096])
-def test_block_kernel_exhaustive_is_unaffected(block: int) -> None:
-    # Exhaustive blends never take the block kernel (spent datasets); the option must not matter.
-    rng = np.random.default_rng(block)
-    shares = rng.lognormal(0.0, 2.0, 400)
-    sizes = np.maximum(1, np.round(shares / shares.sum() * 20_000)).astype(np.int64)
+@pytest.mark.parametrize("style", ["lognormal", "small", "uniform"])
+def test_block_kernel_exhaustive(block: int, style: str) -> None:
+    # Exhaustive blends take the block kernel too: it stops after a sample that spends its
+    # dataset. "small" sizes (1-40 samples) are spent inside blocks all the time.
+    rng = np.random.default_rng(block + len(style))
+    if style == "small":
+        sizes = rng.integers(1, 40, 400).astype(np.int64)
+    else:
+        shares = rng.lognormal(0.0, 2.0, 400) if style == "lognormal" else rng.random(400)
+        sizes = np.maximum(1, np.round(shares / shares.sum() * 20_000)).astype(np.int64)
     expected = exhaustive_with(sizes, path="scan")
-    got = exhaustive_with(sizes, path="active", block=block)
+    for path in ("active", "auto"):
+        got = exhaustive_with(sizes, path=path, block=block, threads=1)
+        np.testing.assert_array_equal(got[0], expected[0], err_msg=path)
+        np.testing.assert_array_equal(got[1], expected[1], err_msg=path)
+
+
+# --- speculative chunks ---------------------------------------------------------------------------
+# Large blends are cut into chunks decided on their own threads from guessed counts, then repaired
+# from the true counts (csrc/blending.cpp, "Speculative chunks"). The hook forces the number of
+# threads on small blends, and `guess_zero` forces guesses that never meet the true run, so the
+# repair recomputes whole chunks.
+
+SPECULATION = [(2, False), (3, False), (8, False), (2, True), (5, True)]
+
+
+@pytest.mark.parametrize("kind", ["uniform", "lognormal", "equal", "power-law"])
+@pytest.mark.parametrize("n", [3, 20, 60, 700])
+def test_speculative_chunks_match_one_thread(kind: str, n: int) -> None:
+    rng = np.random.default_rng(n * 7 + len(kind))
+    weights = make_weights(kind, n, rng)
+    size = 30_000 + int(rng.integers(0, 1000))
+    expected = blend_with(weights, size, threads=1)
+    np.testing.assert_array_equal(expected[0], blend_with(weights, size, path="scan")[0])
+    for threads, guess_zero in SPECULATION:
+        got = blend_with(weights, size, threads=threads, guess_zero=guess_zero)
+        np.testing.assert_array_equal(got[0], expected[0], err_msg=f"{threads} {guess_zero}")
+        np.testing.assert_array_equal(got[1], expected[1], err_msg=f"{threads} {guess_zero}")
+
+
+@pytest.mark.parametrize("style", ["lognormal", "small", "one-big"])
+def test_speculative_chunks_exhaustive(style: str) -> None:
+    # Guessed chunks may spend every dataset before their end, or spend datasets the true run
+    # has not spent yet; both must be repaired.
+    rng = np.random.default_rng(len(style))
+    if style == "small":
+        sizes = rng.integers(1, 30, 300).astype(np.int64)
+    elif style == "one-big":
+        sizes = np.concatenate([[20_000], rng.integers(1, 5, 80)]).astype(np.int64)
+    else:
+        shares = rng.lognormal(0.0, 2.0, 300)
+        sizes = np.maximum(1, np.round(shares / shares.sum() * 30_000)).astype(np.int64)
+    expected = exhaustive_with(sizes, path="scan", threads=1)
+    for threads, guess_zero in SPECULATION:
+        got = exhaustive_with(sizes, threads=threads, guess_zero=guess_zero)
+        np.testing.assert_array_equal(got[0], expected[0], err_msg=f"{threads} {guess_zero}")
+        np.testing.assert_array_equal(got[1], expected[1], err_msg=f"{threads} {guess_zero}")
+
+
+@settings(deadline=None, max_examples=60)
+@given(
+    weights=st.lists(weight, min_size=1, max_size=80),
+    size=st.integers(0, 4000),
+    threads=st.integers(1, 9),
+    guess_zero=st.booleans(),
+)
+def test_speculative_chunks_property(
+    weights: list[float], size: int, threads: int, guess_zero: bool
+) -> None:
+    array = np.asarray(weights)
+    expected = blend_with(array, size, path="scan", threads=1)
+    got = blend_with(array, size, threads=threads, guess_zero=guess_zero)
     np.testing.assert_array_equal(got[0], expected[0])
     np.testing.assert_array_equal(got[1], expected[1])
 
@@ -600,5 +674,9 @@ def test_block_and_register_kernels_match_megatron(n: int, kind: str) -> None:
     expected_positions = np.empty(size, dtype=np.int64)
     helpers.build_blending_indices(expected_ids, expected_positions, weights, n, size, False)
     ids, positions = build_blending_indices(weights, size)
+    np.testing.assert_array_equal(ids, expected_ids)
+    np.testing.assert_array_equal(positions, expected_positions)
+    # The same split into speculative chunks on four threads.
+    ids, positions = blend_with(weights, size, threads=4)
     np.testing.assert_array_equal(ids, expected_ids)
     np.testing.assert_array_equal(positions, expected_positions)

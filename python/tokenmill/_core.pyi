@@ -31,11 +31,25 @@ def build_blending_indices(
     weights: npt.NDArray[np.float64],
     dataset_index: npt.NDArray[np.integer],
     dataset_sample_index: npt.NDArray[np.int64],
+    *,
+    path: str = "auto",
+    window: int = 0,
+    margin: float = -1.0,
+    block: int = 0,
+    threads: int = 0,
+    guess_zero: bool = False,
 ) -> None: ...
 def build_exhaustive_blending_indices(
     sizes: npt.NDArray[np.int64],
     dataset_index: npt.NDArray[np.integer],
     dataset_sample_index: npt.NDArray[np.int64],
+    *,
+    path: str = "auto",
+    window: int = 0,
+    margin: float = -1.0,
+    block: int = 0,
+    threads: int = 0,
+    guess_zero: bool = False,
 ) -> None: ...
 def plan_packing(
     lengths: npt.NDArray[np.int32],
