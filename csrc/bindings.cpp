@@ -509,25 +509,28 @@ class Gatherer {
   void gather(const py::array& indices_array, const py::object& rows_object, py::array tokens,
               py::array labels, py::array loss_mask, const py::object& position_ids,
               const py::object& document_starts, const py::object& cu_seqlens,
-              const py::object& max_seqlen) const {
+              const py::object& max_seqlen, int num_threads) const {
+    if (num_threads < 1) fail_value("num_threads must be >= 1, got " + std::to_string(num_threads));
     run(input_span<int64_t>(indices_array, "indices"), rows_object, std::move(tokens),
         std::move(labels), std::move(loss_mask), position_ids, document_starts, cu_seqlens,
-        max_seqlen);
+        max_seqlen, num_threads);
   }
 
   void gather_one(int64_t index, py::array tokens, py::array labels, py::array loss_mask,
                   const py::object& position_ids, const py::object& document_starts,
                   const py::object& cu_seqlens, const py::object& max_seqlen) const {
     run(std::span<const int64_t>(&index, 1), py::none(), std::move(tokens), std::move(labels),
-        std::move(loss_mask), position_ids, document_starts, cu_seqlens, max_seqlen);
+        std::move(loss_mask), position_ids, document_starts, cu_seqlens, max_seqlen, 1);
   }
 
  private:
   void run(std::span<const int64_t> indices, const py::object& rows_object, py::array tokens,
            py::array labels, py::array loss_mask, const py::object& position_ids,
            const py::object& document_starts, const py::object& cu_seqlens,
-           const py::object& max_seqlen) const {
+           const py::object& max_seqlen, int num_threads) const {
     const int64_t S = options_.sequence_length;
+    tokenmill::GatherOptions options = options_;
+    options.num_threads = num_threads;
     std::span<const int64_t> rows;
     py::array rows_array;
     const auto out_rows = static_cast<size_t>(tokens.size() / (S > 0 ? S : 1));
@@ -604,7 +607,7 @@ class Gatherer {
       py::gil_scoped_release release;
       resolve(indices, bounds);
       tokenmill::gather_samples(std::span<const int64_t>(bounds), document_span_, pointers_span_,
-                                lengths_span_, token_span, rows, options_, outputs);
+                                lengths_span_, token_span, rows, options, outputs);
     };
     auto with_tokens = [&](auto token_span) {
       using TokenT = typename decltype(token_span)::value_type;
@@ -804,9 +807,9 @@ PYBIND11_MODULE(_core, m, py::mod_gil_not_used()) {
       .def("__len__", &Gatherer::size)
       .def("gather", &Gatherer::gather, "indices"_a.noconvert(), "rows"_a, "tokens"_a.noconvert(),
            "labels"_a.noconvert(), "loss_mask"_a.noconvert(), "position_ids"_a,
-           "document_starts"_a, "cu_seqlens"_a, "max_seqlen"_a,
+           "document_starts"_a, "cu_seqlens"_a, "max_seqlen"_a, "num_threads"_a = 1,
            "Gather samples `indices` into rows `rows` (None: 0..B-1) of the outputs, with the GIL "
-           "released.")
+           "released, split over `num_threads` threads.")
       .def("gather_one", &Gatherer::gather_one, "index"_a, "tokens"_a.noconvert(),
            "labels"_a.noconvert(), "loss_mask"_a.noconvert(), "position_ids"_a,
            "document_starts"_a, "cu_seqlens"_a, "max_seqlen"_a,

@@ -1,11 +1,14 @@
 #include "gather.hpp"
 
 #include <algorithm>
+#include <exception>
 #include <limits>
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <type_traits>
+#include <vector>
 
 namespace tokenmill {
 
@@ -160,17 +163,20 @@ void resolve_samples(std::span<const ShuffleT> shuffle_index, std::span<const Sa
   }
 }
 
+namespace {
+
+// Samples [first, last) of the batch (see gather_samples).
 template <typename TokenT, typename OutT>
-void gather_samples(std::span<const int64_t> bounds, std::span<const int32_t> document_index,
-                    std::span<const int64_t> pointers, std::span<const int32_t> lengths,
-                    std::span<const TokenT> tokens, std::span<const int64_t> rows,
-                    const GatherOptions& options, const GatherOutputs<OutT>& outputs) {
+void gather_range(std::span<const int64_t> bounds, std::span<const int32_t> document_index,
+                  std::span<const int64_t> pointers, std::span<const int32_t> lengths,
+                  std::span<const TokenT> tokens, std::span<const int64_t> rows,
+                  const GatherOptions& options, const GatherOutputs<OutT>& outputs, size_t first,
+                  size_t last) {
   const int64_t S = options.sequence_length;
   const int64_t extra = options.extra_token;
   const int64_t target = S + extra;
   const int64_t pad = options.pad;
   const int64_t eod = options.eod;
-  const size_t count = bounds.size() / 4;
   const bool pad_is_token = representable<TokenT>(pad);
   const bool need_starts = !options.inter_document_masking &&
                            (options.reset_position_ids || !outputs.document_starts.empty());
@@ -183,7 +189,7 @@ void gather_samples(std::span<const int64_t> bounds, std::span<const int32_t> do
   if (need_starts) starts.reset(new int64_t[static_cast<size_t>(S)]);
   const TokenT* data = tokens.data();
 
-  for (size_t i = 0; i < count; ++i) {
+  for (size_t i = first; i < last; ++i) {
     sample_parts<TokenT>(bounds.data() + 4 * i, document_index, pointers, lengths, tokens.size(),
                          extra, target, parts);
     const auto row = static_cast<size_t>(rows.empty() ? static_cast<int64_t>(i) : rows[i]);
@@ -285,6 +291,42 @@ void gather_samples(std::span<const int64_t> bounds, std::span<const int32_t> do
         std::copy(starts.get(), starts.get() + S, outputs.document_starts.data() + base);
       }
     }
+  }
+}
+
+}  // namespace
+
+// Samples write disjoint rows, so a batch splits into contiguous ranges of samples, one per
+// thread: a large batch is bound by the bandwidth one core can write, and two cores write more.
+template <typename TokenT, typename OutT>
+void gather_samples(std::span<const int64_t> bounds, std::span<const int32_t> document_index,
+                    std::span<const int64_t> pointers, std::span<const int32_t> lengths,
+                    std::span<const TokenT> tokens, std::span<const int64_t> rows,
+                    const GatherOptions& options, const GatherOutputs<OutT>& outputs) {
+  const size_t count = bounds.size() / 4;
+  const size_t threads = std::min<size_t>(std::max(options.num_threads, 1), count);
+  if (threads <= 1) {
+    gather_range(bounds, document_index, pointers, lengths, tokens, rows, options, outputs, 0,
+                 count);
+    return;
+  }
+  // A corrupt index throws inside a thread: the first error is rethrown here after the join.
+  std::vector<std::exception_ptr> errors(threads);
+  auto work = [&](size_t part) {
+    try {
+      gather_range(bounds, document_index, pointers, lengths, tokens, rows, options, outputs,
+                   count * part / threads, count * (part + 1) / threads);
+    } catch (...) {
+      errors[part] = std::current_exception();
+    }
+  };
+  std::vector<std::thread> helpers;
+  helpers.reserve(threads - 1);
+  for (size_t part = 1; part < threads; ++part) helpers.emplace_back(work, part);
+  work(0);
+  for (std::thread& helper : helpers) helper.join();
+  for (const std::exception_ptr& error : errors) {
+    if (error) std::rethrow_exception(error);
   }
 }
 

@@ -50,6 +50,7 @@ struct GatherOptions {
   // Positions restart in every document part and cu_seqlens/max_seqlen are filled
   // (megatron-core's inter_document_masking); otherwise positions follow the EOD rule.
   bool inter_document_masking = false;
+  int num_threads = 1;  // threads sharing the batch's samples
 };
 
 // Gather the samples whose bounds resolve_samples computed and fill `outputs`.

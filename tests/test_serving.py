@@ -17,6 +17,7 @@ from conftest import TinyTokenizer, random_documents, write_megatron_shard
 torch = pytest.importorskip("torch")
 
 from tokenmill import _core
+from tokenmill.datasets import gpt as gpt_module
 from tokenmill.datasets.blended import BlendedDataset
 from tokenmill.datasets.gpt import GPTDataset, GPTDatasetConfig
 from tokenmill.datasets.utils import Split
@@ -135,6 +136,11 @@ def test_batch_equals_stacked_samples_for_every_flag_combination(tmp_path: Path,
     expected = stacked(samples)
     assert_same(fast.get_batch(indices), expected, f"batch {flags}")
     assert_same(slow.get_batch(indices), expected, f"python batch {flags}")
+    # The same batch gathered by several threads (large batches; forced here).
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(gpt_module, "_PARALLEL_GATHER_BYTES", 0)
+        patch.setattr(gpt_module, "_GATHER_THREADS", 3)
+        assert_same(fast.get_batch(indices), expected, f"threaded batch {flags}")
     batch = fast.__getitems__(indices)
     assert isinstance(batch, SampleBatch) and len(batch) == len(indices)
     assert_same(collate(batch), expected, "collate pass-through")
@@ -297,6 +303,18 @@ def test_gatherer_rejects_bad_arrays(tmp_path: Path, shard: str) -> None:
     broken = _core.Gatherer(*corrupt, **options)
     with pytest.raises(IndexError, match="not a sequence id"):
         broken.gather(np.zeros(1, np.int64), None, out, out.copy(), loss, None, None, None, None)
+    # ... also when the error happens in a helper thread of a threaded gather.
+    wide = np.empty((4, out.shape[-1]), out.dtype)
+    with pytest.raises(IndexError, match="not a sequence id"):
+        broken.gather(
+            np.arange(4, dtype=np.int64), None, wide, wide.copy(),
+            np.empty(wide.shape, np.float32), None, None, None, None, num_threads=3,
+        )  # fmt: skip
+    with pytest.raises(ValueError, match="num_threads"):
+        gatherer.gather(
+            np.zeros(1, np.int64), None, out, out.copy(), loss, None, None, None, None,
+            num_threads=0,
+        )  # fmt: skip
 
 
 def test_pooled_buffers_are_never_reused_while_referenced(tmp_path: Path, shard: str) -> None:
@@ -310,6 +328,19 @@ def test_pooled_buffers_are_never_reused_while_referenced(tmp_path: Path, shard:
     assert torch.equal(view, keep)
     a, b = dataset.get_batch([0, 1]), dataset.get_batch([2, 3])
     assert a["tokens"].data_ptr() != b["tokens"].data_ptr()
+    # A set handed out is lent until released, even while nothing references its arrays yet
+    # (another loader thread may be between `buffers` and `tensors`).
+    server = dataset._serving()
+    assert server is not None
+    del a, b
+    lent = server.buffers(2)
+    other = server.buffers(2)
+    assert lent["tokens"] is not other["tokens"]
+    server.pool.release(lent)
+    server.pool.release(other)
+    taken = server.buffers(2)
+    assert taken["tokens"] is lent["tokens"] or taken["tokens"] is other["tokens"]
+    server.pool.release(taken)
 
 
 def test_pickled_dataset_serves_the_same_batches(tmp_path: Path, shard: str) -> None:

@@ -98,6 +98,7 @@ class Gatherer:
         document_starts: npt.NDArray[np.int64] | None,
         cu_seqlens: npt.NDArray[np.int32] | None,
         max_seqlen: npt.NDArray[np.int32] | None,
+        num_threads: int = 1,
     ) -> None: ...
     def gather_one(
         self,

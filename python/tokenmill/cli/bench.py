@@ -11,6 +11,8 @@ random sample indices drawn with a fixed seed. For every sequence length it meas
   DataLoader does per batch;
 * `loader B/wK`: a torch DataLoader with K workers at batch size B (tokenmill via
   `make_data_loader`, megatron-core with `DataLoader(..., batch_size=B)`), after one warm-up batch;
+* `loader B/wK threads`: tokenmill's `ThreadedBatchLoader` with K worker threads (the gather
+  releases the GIL), against the same megatron-core DataLoader with K worker processes;
 
 and prints samples/s, tokens/s and the ratio tokenmill / megatron-core, the import time of each
 dataset module (fresh subprocess), and the fraction of this machine's memcpy bandwidth that
@@ -194,6 +196,7 @@ def run(args: argparse.Namespace) -> int:
     from tokenmill.datasets.utils import Split
     from tokenmill.formats.megatron import IndexedDataset
     from tokenmill.loading.batch import collate, make_data_loader
+    from tokenmill.loading.threaded import ThreadedBatchLoader
 
     torch.set_num_threads(1)
     workdir = args.workdir or tempfile.mkdtemp(prefix="tokenmill-bench-")
@@ -305,6 +308,20 @@ def run(args: argparse.Namespace) -> int:
                     )
                     theirs_rate = _loader_rate(their_loader, size, args.seconds)
                 rows.append((f"{label} loader B={size} w={workers}", theirs_rate, ours_rate, 0))
+                if workers > 0:
+                    # tokenmill's thread workers against the same megatron-core DataLoader row:
+                    # each library's way of fetching with `workers` parallel workers.
+                    threaded = ThreadedBatchLoader(
+                        ours, size, num_workers=workers, sampler=order[: max(size * 2000, 16384)]
+                    )
+                    rows.append(
+                        (
+                            f"{label} loader B={size} w={workers} threads",
+                            theirs_rate,
+                            _loader_rate(threaded, size, args.seconds),
+                            0,
+                        )
+                    )
 
     bandwidth = {
         "batch": _memcpy_bandwidth(best_batch_size),

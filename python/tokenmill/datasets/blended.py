@@ -288,11 +288,14 @@ class BlendedDataset:
             lead = servers[0]
             assert lead is not None
             buffers = lead.buffers(index_array.shape[0], pin_memory=pin_memory)
-            for member, server in zip(members, servers):
-                assert server is not None
-                rows = np.flatnonzero(dataset_ids == member).astype(np.int64)
-                server.fill(sample_ids[rows], rows, buffers)
-            tensors = lead.tensors(buffers, None)
+            try:
+                for member, server in zip(members, servers):
+                    assert server is not None
+                    rows = np.flatnonzero(dataset_ids == member).astype(np.int64)
+                    server.fill(sample_ids[rows], rows, buffers)
+                tensors = lead.tensors(buffers, None)
+            finally:
+                lead.pool.release(buffers)
         else:
             if not used:
                 raise ValueError("get_batch needs at least one index")
