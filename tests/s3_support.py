@@ -127,7 +127,11 @@ class FaultProxy:
                     try:
                         self.send_response(response.status)
                         for key, value in response.getheaders():
-                            if key.lower() not in ("transfer-encoding", "connection", "content-length"):
+                            if key.lower() not in (
+                                "transfer-encoding",
+                                "connection",
+                                "content-length",
+                            ):
                                 self.send_header(key, value)
                         self.send_header("Content-Length", str(len(payload)))
                         self.end_headers()

@@ -99,7 +99,9 @@ def test_retry_policy_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
     policy = RetryPolicy.from_env()
     assert (policy.max_attempts, policy.backoff_base) == (3, 0.5)
     monkeypatch.setenv("TOKENMILL_S3_MAX_ATTEMPTS", "three")
-    with pytest.raises(ValueError, match="TOKENMILL_S3_MAX_ATTEMPTS must be an integer, got 'three'"):
+    with pytest.raises(
+        ValueError, match="TOKENMILL_S3_MAX_ATTEMPTS must be an integer, got 'three'"
+    ):
         RetryPolicy.from_env()
     monkeypatch.setenv("TOKENMILL_S3_MAX_ATTEMPTS", "0")
     with pytest.raises(ValueError, match="TOKENMILL_S3_MAX_ATTEMPTS must be >= 1"):
@@ -166,7 +168,9 @@ def test_chunk_cache_reads_equal_the_object(
 def test_chunk_cache_lru_order_and_coalescing() -> None:
     data = bytes(range(256)) * 4  # 1024 bytes, 8 chunks of 128
     source = CountingSource(data)
-    cache = ChunkCache(source, len(data), chunk_bytes=128, capacity_bytes=3 * 128, prefetch_threads=0)
+    cache = ChunkCache(
+        source, len(data), chunk_bytes=128, capacity_bytes=3 * 128, prefetch_threads=0
+    )
     assert cache.read(100, 200) == data[100:300]  # chunks 0..2 in one request
     assert source.calls == [(0, 384)]
     assert cache.read(130, 10) == data[130:140]  # hit
@@ -280,9 +284,9 @@ def test_client_stat_exists_get_range_download_upload(s3_bucket: S3Bucket, tmp_p
     assert client.get_range(url, 0, 1, if_match=info.etag) == payload[:1]
     with pytest.raises(ValueError, match=r"\[5, 5\) is empty"):
         client.get_range(url, 5, 5)
-    with pytest.raises(FileNotFoundError, match="object not found: s3://.*/dir/missing.bin"):
+    with pytest.raises(FileNotFoundError, match=r"object not found: s3://.*/dir/missing\.bin"):
         client.stat(s3_bucket.url("dir/missing.bin"))
-    with pytest.raises(FileNotFoundError, match="missing.bin"):
+    with pytest.raises(FileNotFoundError, match=r"missing\.bin"):
         client.get_range(s3_bucket.url("dir/missing.bin"), 0, 10)
 
     local = tmp_path / "copy.bin"
@@ -345,7 +349,7 @@ def test_cache_object_downloads_once_and_refreshes_on_change(
     assert Path(cache_object(url, str(tmp_path), client)).read_bytes() == b"index v3!"
 
     assert cache_object_if_exists(s3_bucket.url("data/none.json"), str(tmp_path), client) is None
-    with pytest.raises(FileNotFoundError, match="none.json"):
+    with pytest.raises(FileNotFoundError, match=r"none\.json"):
         cache_object(s3_bucket.url("data/none.json"), str(tmp_path), client)
 
 
@@ -418,12 +422,14 @@ def test_indexed_dataset_from_s3_equals_local(
     np.testing.assert_array_equal(copy[5], local[5])
 
 
-def test_indexed_dataset_s3_errors(s3_bucket: S3Bucket, s3_shard: tuple[str, str], tmp_path: Path) -> None:
+def test_indexed_dataset_s3_errors(
+    s3_bucket: S3Bucket, s3_shard: tuple[str, str], tmp_path: Path
+) -> None:
     local_prefix, remote_prefix = s3_shard
     config = ObjectStorageConfig(str(tmp_path / "cache"))
     with pytest.raises(ValueError, match="object_storage_config"):
         IndexedDataset(remote_prefix)
-    with pytest.raises(FileNotFoundError, match="object not found: s3://.*/missing.idx"):
+    with pytest.raises(FileNotFoundError, match=r"object not found: s3://.*/missing\.idx"):
         IndexedDataset(s3_bucket.url("datasets/missing"), object_storage_config=config)
     with pytest.raises(NotImplementedError, match="msc://"):
         IndexedDataset("msc://profile/data", object_storage_config=config)
@@ -451,5 +457,5 @@ def test_indexed_dataset_detects_replaced_bin(
     data = bytearray(Path(local_prefix + ".bin").read_bytes())
     data[0] ^= 1
     s3_bucket.put("datasets/corpus.bin", bytes(data))
-    with pytest.raises(ObjectChangedError, match="corpus.bin changed on the server"):
+    with pytest.raises(ObjectChangedError, match=r"corpus\.bin changed on the server"):
         remote[1]

@@ -114,7 +114,9 @@ class ObjectStorageConfig:
                 f"got {config!r}"
             )
         chunk = int(getattr(config, "bin_chunk_nbytes", 256 << 20))
-        return cls(path_to_idx_cache=os.fspath(path), bin_chunk_nbytes=chunk, bin_cache_nbytes=chunk)
+        return cls(
+            path_to_idx_cache=os.fspath(path), bin_chunk_nbytes=chunk, bin_cache_nbytes=chunk
+        )
 
 
 S3Config = ObjectStorageConfig
