@@ -413,8 +413,9 @@ class GPTDataset(MegatronDataset):
         reader.prefetch(self._sample_byte_ranges(indices))
 
     def _prefetch_ahead(self, idx: int) -> None:
-        """After serving `idx`, announce the next `prefetch_samples` samples in index order (the
-        known shuffle order: samplers walk it forward), skipping those announced already."""
+        """Around `idx`, announce the next `prefetch_samples` samples in index order (the known
+        shuffle order: samplers walk it forward). Re-announced every quarter window; the chunk
+        cache skips chunks it holds or is fetching, and takes at most half its budget ahead."""
         reader = getattr(self.dataset, "bin_reader", None)
         if reader is None or self.shuffle_index is None:
             return
@@ -423,16 +424,11 @@ class GPTDataset(MegatronDataset):
         if depth <= 0 or not -count <= idx < count:
             return
         idx %= count
-        start = idx + 1
-        announced = self.__dict__.get("_prefetch_window")
-        if announced is not None and announced[0] <= idx < announced[1]:
-            if announced[1] - idx > depth // 2:
-                return  # still well inside the announced window
-            start = max(start, announced[1])
-        stop = min(count, idx + 1 + depth)
-        if start < stop:
-            self._prefetch(range(start, stop))
-        self._prefetch_window = (idx, stop)
+        last = self.__dict__.get("_prefetch_last")
+        if last is not None and last <= idx < last + max(1, depth // 4):
+            return
+        self._prefetch_last = idx
+        self._prefetch(range(idx + 1, min(count, idx + 1 + depth)))
 
     def _getitem_python(self, idx: int | None) -> dict[str, torch.Tensor]:
         """The sample at `idx` by per-document reads through `self.dataset.get` (any dataset)."""
