@@ -219,9 +219,7 @@ def run(args: argparse.Namespace) -> int:
                 ),
                 (
                     f"s3, {chunk >> 10} KiB chunks, cache >= object, prefetch",
-                    ObjectStorageConfig(
-                        objects, bin_chunk_nbytes=chunk, bin_cache_nbytes=2 * size
-                    ),
+                    ObjectStorageConfig(objects, bin_chunk_nbytes=chunk, bin_cache_nbytes=2 * size),
                 ),
                 (
                     "s3, tokenmill defaults (4 MiB chunks, 256 MiB cache)",

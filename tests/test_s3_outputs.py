@@ -94,6 +94,8 @@ def test_convert_reads_and_writes_s3(s3_bucket: S3Bucket, tmp_path: Path) -> Non
     for suffix in (".bin", ".idx"):
         assert s3_bucket.get("dst/back" + suffix) == (tmp_path / ("back" + suffix)).read_bytes()
     assert run(s3_bucket.url("nothing/here"), str(tmp_path / "x"), "--to", "npy") == 1
+    assert main(["inspect", dst, "--bos-token", "5", "--json"]) == 0
+    assert main(["inspect", s3_bucket.url("nothing/here")]) == 2
 
 
 def test_upload_order_and_fetch_source(s3_bucket: S3Bucket, tmp_path: Path) -> None:
