@@ -5,7 +5,7 @@ S3 reader, in one process run.
 Usage: python benchmarks/bench_s3.py [--samples 1000] [--tokens 3000000] [--markdown]
 
 A ~6 MiB uint16 shard (documents of lognormal length, mean ~1000 tokens) is written, uploaded to
-a moto server started in this process, and read as a GPTDataset (2048-token samples, seed 1234).
+a moto server (``moto_server`` in a subprocess on loopback), and read as a GPTDataset (2048-token samples, seed 1234).
 Each configuration reads the same run of consecutive sample indices (a training loop's order; the
 shuffle makes them random in the file), starting from a cold cache. moto reads the whole object
 for every ranged GET and runs on loopback, so its times are NOT S3's: read the request and byte
@@ -26,9 +26,11 @@ from __future__ import annotations
 import argparse
 import os
 import socket
+import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from typing import Any
 
 import numpy as np
@@ -47,6 +49,26 @@ def _free_port() -> int:
         probe.bind(("127.0.0.1", 0))
         port: int = probe.getsockname()[1]
         return port
+
+
+def _start_moto(port: int) -> subprocess.Popen[bytes]:
+    """``moto_server`` (moto[server]'s console script) on 127.0.0.1:port, once it answers."""
+    executable = os.path.join(os.path.dirname(sys.executable), "moto_server")
+    command = [executable] if os.path.exists(executable) else [sys.executable, "-m", "moto.server"]
+    server = subprocess.Popen(
+        [*command, "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/moto-api/", timeout=1):
+                return server
+        except OSError:
+            time.sleep(0.1)
+    server.kill()
+    raise RuntimeError(f"moto_server did not start on port {port}")
 
 
 def _write_shard(prefix: str, tokens: int, seed: int) -> None:
@@ -172,15 +194,14 @@ def run(args: argparse.Namespace) -> int:
     import logging
 
     import boto3
-    from moto.server import ThreadedMotoServer
 
     from tokenmill.storage.object_storage import ObjectStorageConfig
     from tokenmill.storage.s3 import reset_clients
 
     logging.getLogger("werkzeug").setLevel(logging.WARNING)
     port = _free_port()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
+    # moto in its own process, so its request handling does not share this process's GIL
+    server = _start_moto(port)
     os.environ["AWS_ENDPOINT_URL"] = f"http://127.0.0.1:{port}"
     reset_clients()
     try:
@@ -214,8 +235,10 @@ def run(args: argparse.Namespace) -> int:
                     ),
                 ),
                 (
-                    f"s3, {chunk >> 10} KiB chunks, cache 1/6 object, prefetch",
-                    ObjectStorageConfig(objects, bin_chunk_nbytes=chunk, bin_cache_nbytes=small),
+                    f"s3, {chunk >> 10} KiB chunks, cache 1/6 object, prefetch 8 samples",
+                    ObjectStorageConfig(
+                        objects, bin_chunk_nbytes=chunk, bin_cache_nbytes=small, prefetch_samples=8
+                    ),
                 ),
                 (
                     f"s3, {chunk >> 10} KiB chunks, cache >= object, prefetch",
@@ -235,7 +258,12 @@ def run(args: argparse.Namespace) -> int:
                 if row is not None:
                     rows.append(row)
     finally:
-        server.stop()
+        server.terminate()
+        try:
+            server.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
 
     baseline = rows[0]["seconds"]
     per = 1000 / args.samples
