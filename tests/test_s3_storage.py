@@ -549,3 +549,11 @@ def test_staging_refuses_bucket_urls(s3_bucket: S3Bucket, tmp_path: Path) -> Non
         upload_prefix(str(tmp_path / "d"), f"s3://{s3_bucket.name}")
     with pytest.raises(ValueError, match="not the bucket"):
         fetch_source(f"s3://{s3_bucket.name}/")
+
+
+def test_missing_boto3_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    monkeypatch.setitem(sys.modules, "boto3", None)  # import boto3 now raises ImportError
+    with pytest.raises(ImportError, match=r"pip install 'tokenmill\[s3\]'"):
+        S3Client(RetryPolicy()).stat("s3://bucket/key")
