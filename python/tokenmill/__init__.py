@@ -42,6 +42,8 @@ _EXPORTS: dict[str, str] = {
     "open_token_file": "tokenmill.formats.token_dir",
     "find_token_positions": "tokenmill.index.token_scan",
     "World": "tokenmill.loading.world",
+    "ObjectStorageConfig": "tokenmill.storage.object_storage",
+    "ObjectStorageError": "tokenmill.errors",
     "TokenmillError": "tokenmill.errors",
     "DataFormatError": "tokenmill.errors",
     "CacheError": "tokenmill.errors",
@@ -77,6 +79,8 @@ __all__ = [  # noqa: RUF022 - grouped like _EXPORTS
     "open_token_file",
     "find_token_positions",
     "World",
+    "ObjectStorageConfig",
+    "ObjectStorageError",
     "PerformanceWarning",
     "TokenmillError",
     "DataFormatError",
@@ -98,13 +102,20 @@ if TYPE_CHECKING:
         normalize,
         parse_and_normalize_split,
     )
-    from tokenmill.errors import CacheError, DataFormatError, PerformanceWarning, TokenmillError
+    from tokenmill.errors import (
+        CacheError,
+        DataFormatError,
+        ObjectStorageError,
+        PerformanceWarning,
+        TokenmillError,
+    )
     from tokenmill.formats.bos_index import read_bos_index, write_bos_index
     from tokenmill.formats.megatron import DType, IndexedDataset, IndexedDatasetBuilder
     from tokenmill.formats.nanogpt import NanogptShard, NanogptShardWriter, write_nanogpt_shard
     from tokenmill.formats.token_dir import open_token_file
     from tokenmill.index.token_scan import find_token_positions
     from tokenmill.loading.world import World
+    from tokenmill.storage.object_storage import ObjectStorageConfig
 
 
 def __getattr__(name: str) -> Any:

@@ -28,3 +28,12 @@ class TokenizerMismatchError(DataFormatError):
     """Datasets (or a dataset and a tokenizer) come from different tokenizers: their fingerprints
     (kind, file sha256, vocabulary size, special ids) differ, so their token ids mean different
     things and must not be mixed."""
+
+
+class ObjectStorageError(TokenmillError, OSError):
+    """An object-storage request failed for good: a non-retryable error, or the retry budget
+    was spent (the message names the object, the request, the attempts and the last error)."""
+
+
+class ObjectChangedError(ObjectStorageError):
+    """An object was replaced on the server while it was being read (its ETag changed)."""
