@@ -13,6 +13,11 @@ Beyond megatron-core:
 * a hit requires the description to match byte for byte and each array to have the dtype and
   shape the caller expects; anything else is reported as a problem (the builder rebuilds, other
   ranks raise CacheError) instead of being used.
+
+Offline tools (``tokenmill build-cache``) watch every cache access through :func:`cache_session`:
+a session records each entry that was hit, built or found invalid, and in ``check_only`` mode
+never writes: an invalid entry is reported and rebuilt in memory so the walk over a whole blend
+can go on and list every problem.
 """
 
 from __future__ import annotations
@@ -20,8 +25,10 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import threading
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +38,15 @@ import numpy.typing as npt
 from tokenmill.errors import CacheError
 from tokenmill.formats._atomic import AtomicFile
 
-__all__ = ["ArraySpec", "IndexCache", "atomic_save_npy", "atomic_write_text"]
+__all__ = [
+    "ArraySpec",
+    "CacheEvent",
+    "CacheSession",
+    "IndexCache",
+    "atomic_save_npy",
+    "atomic_write_text",
+    "cache_session",
+]
 
 
 @dataclass(frozen=True)
@@ -83,6 +98,70 @@ def _load_npy(path: Path) -> npt.NDArray[Any]:
             raise
         array = np.load(path, allow_pickle=False)
     return array
+
+
+@dataclass(frozen=True)
+class CacheEvent:
+    """One access to a cache entry seen by a :class:`CacheSession`.
+
+    Attributes:
+        cache: the entry.
+        built: whether the arrays were computed (a miss) rather than loaded (a hit).
+        saved: whether the computed arrays were written to the cache directory.
+        problems: why the entry was not a hit (missing, truncated, foreign files...).
+        seconds: time spent loading or building.
+    """
+
+    cache: IndexCache
+    built: bool
+    saved: bool
+    problems: tuple[str, ...]
+    seconds: float
+
+
+@dataclass
+class CacheSession:
+    """Collects the :class:`CacheEvent` of every cache access while it is active.
+
+    Args:
+        check_only: never write; report invalid entries and build them in memory only.
+        on_event: called after each access (e.g. to draw a progress line).
+    """
+
+    check_only: bool = False
+    on_event: Callable[[CacheEvent], None] | None = None
+    events: list[CacheEvent] = field(default_factory=list)
+
+    def record(self, event: CacheEvent) -> None:
+        with _SESSION_LOCK:
+            self.events.append(event)
+        if self.on_event is not None:
+            self.on_event(event)
+
+
+# A process-wide slot rather than a contextvar: the builder constructs the members of a blend on
+# a thread pool, and executor threads do not inherit the caller's context.
+_SESSION: CacheSession | None = None
+_SESSION_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def cache_session(session: CacheSession) -> Iterator[CacheSession]:
+    """Make `session` observe (and, with check_only, prevent) every cache write in the block.
+
+    Raises:
+        RuntimeError: another session is already active in this process.
+    """
+    global _SESSION
+    with _SESSION_LOCK:
+        if _SESSION is not None:
+            raise RuntimeError("a cache session is already active in this process")
+        _SESSION = session
+    try:
+        yield session
+    finally:
+        with _SESSION_LOCK:
+            _SESSION = None
 
 
 @dataclass(frozen=True)
@@ -205,9 +284,19 @@ class IndexCache:
         Raises:
             CacheError: when the cache is missing or invalid and this process may not build it.
         """
+        session = _SESSION
+        started = time.perf_counter()
         arrays, problems = self.load(specs, check_description=not trust_presence)
         if arrays is not None:
+            if session is not None:
+                session.record(CacheEvent(self, False, False, (), time.perf_counter() - started))
             return arrays, False
+        if session is not None and session.check_only:
+            built = dict(build())
+            session.record(
+                CacheEvent(self, True, False, tuple(problems), time.perf_counter() - started)
+            )
+            return built, True
         if not may_build:
             raise CacheError(
                 "index cache is missing or invalid and this rank does not build caches "
@@ -218,7 +307,15 @@ class IndexCache:
         with self.locked():
             arrays, problems = self.load(specs, check_description=not trust_presence)
             if arrays is not None:
+                if session is not None:
+                    session.record(
+                        CacheEvent(self, False, False, (), time.perf_counter() - started)
+                    )
                 return arrays, False
             built = dict(build())
             self.save(built)
+        if session is not None:
+            session.record(
+                CacheEvent(self, True, True, tuple(problems), time.perf_counter() - started)
+            )
         return built, True
