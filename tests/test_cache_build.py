@@ -16,7 +16,6 @@ from tokenmill.datasets.builder import BlendedMegatronDatasetBuilder
 from tokenmill.datasets.cache_build import build_cache, check_cache
 from tokenmill.datasets.config_file import load_run_config, parse_sizes
 from tokenmill.datasets.gpt import GPTDataset, GPTDatasetConfig
-from tokenmill.errors import CacheError
 
 from conftest import TinyTokenizer, random_documents, write_megatron_shard
 
@@ -70,6 +69,7 @@ def cache_files(directory: Path) -> dict[str, bytes]:
         p.name: p.read_bytes()
         for p in directory.iterdir()
         if not p.name.startswith((".", "tokenmill-build-"))
+        and not p.name.endswith("-data.tokenmill.json")
     }
 
 
@@ -215,10 +215,28 @@ def test_check_catches_a_replaced_shard(
     path.write_bytes(bytes(data))
     code, out = run_check(config, capsys)
     assert code == 1
-    assert f"{prefixes[1]}.bin: data changed since the cache was built" in out
-    # building again refuses instead of silently keeping indices of other data
-    with pytest.raises(CacheError, match=r"shard1.bin: data changed"):
-        build_cache(load_run_config(config), SIZES, progress=False)
+    assert f"data changed since the cache was built: {prefixes[1]}.bin: " in out
+    # every entry built from it is stale (the blends too), none of the others
+    stale = [line for line in out.splitlines() if "built from other data" in line]
+    assert all("shard1.bin" in line for line in stale)
+    assert len({line.split(": built from")[0] for line in stale}) == 3 + 3
+    # building again rebuilds exactly those entries (cache_data_check="rebuild"), then all is well
+    report = build_cache(load_run_config(config), SIZES, progress=False)
+    assert report.built == 6
+    assert run_check(config, capsys)[0] == 0
+
+
+def test_check_catches_a_replaced_shard_with_the_data_check_off(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    prefixes = make_shards(tmp_path)
+    values = fields(prefixes, tmp_path / "c", cache_data_check="off")
+    config = write_config(tmp_path / "run.json", values)
+    build_cache(load_run_config(config), SIZES, progress=False)
+    path = Path(prefixes[2] + ".bin")
+    path.write_bytes(path.read_bytes()[::-1])
+    code, out = run_check(config, capsys)
+    assert code == 1 and f"{prefixes[2]}.bin: " in out and "data changed" in out
 
 
 def test_check_catches_a_shard_with_other_documents(
@@ -229,7 +247,7 @@ def test_check_catches_a_shard_with_other_documents(
     write_megatron_shard(prefixes[0], random_documents(rng, 95, 120))
     code, out = run_check(config, capsys)
     assert code == 1
-    assert f"{prefixes[0]}.idx: data changed" in out
+    assert f"data changed since the cache was built: {prefixes[0]}.idx: size was" in out
     assert "GPTDataset-train-document_index.npy: shape" in out
 
 

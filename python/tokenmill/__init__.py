@@ -45,6 +45,7 @@ _EXPORTS: dict[str, str] = {
     "TokenmillError": "tokenmill.errors",
     "DataFormatError": "tokenmill.errors",
     "CacheError": "tokenmill.errors",
+    "StaleCacheError": "tokenmill.errors",
     "PerformanceWarning": "tokenmill.errors",
 }
 
@@ -81,6 +82,7 @@ __all__ = [  # noqa: RUF022 - grouped like _EXPORTS
     "TokenmillError",
     "DataFormatError",
     "CacheError",
+    "StaleCacheError",
 ]
 
 if TYPE_CHECKING:
@@ -98,7 +100,13 @@ if TYPE_CHECKING:
         normalize,
         parse_and_normalize_split,
     )
-    from tokenmill.errors import CacheError, DataFormatError, PerformanceWarning, TokenmillError
+    from tokenmill.errors import (
+        CacheError,
+        DataFormatError,
+        PerformanceWarning,
+        StaleCacheError,
+        TokenmillError,
+    )
     from tokenmill.formats.bos_index import read_bos_index, write_bos_index
     from tokenmill.formats.megatron import DType, IndexedDataset, IndexedDatasetBuilder
     from tokenmill.formats.nanogpt import NanogptShard, NanogptShardWriter, write_nanogpt_shard

@@ -28,3 +28,9 @@ class TokenizerMismatchError(DataFormatError):
     """Datasets (or a dataset and a tokenizer) come from different tokenizers: their fingerprints
     (kind, file sha256, vocabulary size, special ids) differ, so their token ids mean different
     things and must not be mixed."""
+
+
+class StaleCacheError(CacheError):
+    """An index cache was built from data that has since changed: a `.bin`/`.idx` differs from the
+    fingerprint recorded beside the cache entry (size, mtime or sampled contents), or is newer
+    than an entry that has no fingerprint. See `tokenmill.index.fingerprint`."""

@@ -257,9 +257,20 @@ class GPTDataset(MegatronDataset):
                 self._array_specs(plan),
                 may_build=is_cache_builder(self.config.cache_build_scope),
                 trust_presence=self.config.fast_cache_load,
+                data_prefixes=self.data_prefixes(),
+                data_check=self.config.cache_data_check,
             )
             self._check_consistency(arrays)
         return arrays["document_index"], arrays["sample_index"], arrays["shuffle_index"]
+
+    def data_prefixes(self) -> list[str]:
+        """The `.bin`/`.idx` prefixes this dataset's indices are computed from (fingerprinted
+        beside the cache entry); empty for mock and non-file low-level datasets."""
+        from tokenmill.formats.megatron import IndexedDataset
+
+        if isinstance(self.dataset, IndexedDataset):
+            return [self.dataset.path_prefix]
+        return []
 
     def _check_consistency(self, arrays: dict[str, npt.NDArray[Any]]) -> None:
         rows = arrays["sample_index"].shape[0]
@@ -277,6 +288,7 @@ class GPTDataset(MegatronDataset):
         )
         if arrays is None:
             raise CacheError("deferred index cache is unusable: " + "; ".join(problems))
+        self._cache.check_deferred(self.data_prefixes(), self.config.cache_data_check)
         self._check_consistency(arrays)
         self.document_index = arrays["document_index"]
         self.sample_index = arrays["sample_index"]

@@ -12,18 +12,24 @@ Beyond megatron-core:
   have it, so two jobs sharing a directory build once and never interleave writes;
 * a hit requires the description to match byte for byte and each array to have the dtype and
   shape the caller expects; anything else is reported as a problem (the builder rebuilds, other
-  ranks raise CacheError) instead of being used.
+  ranks raise CacheError) instead of being used;
+* a hit also requires the data to be the data the entry was built from: a fingerprint of every
+  `.bin`/`.idx` (size, mtime, sampled contents) is written beside the entry as
+  ``<base>-data.tokenmill.json`` before the description, and compared on every load
+  (`tokenmill.index.fingerprint`; the ``cache_data_check`` policy says whether a stale entry is
+  rebuilt or raises StaleCacheError, or whether, as in megatron-core, nothing is checked).
 
 Offline tools (``tokenmill build-cache``) watch every cache access through :func:`cache_session`:
-a session records each entry that was hit, built or found invalid, and in ``check_only`` mode
-never writes: an invalid entry is reported and rebuilt in memory so the walk over a whole blend
-can go on and list every problem.
+a session records each entry that was hit, built or found invalid (or stale), and in
+``check_only`` mode never writes: an invalid entry is reported and rebuilt in memory so the walk
+over a whole blend can go on and list every problem.
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
+import logging
 import os
 import threading
 import time
@@ -35,8 +41,11 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from tokenmill.errors import CacheError
+from tokenmill.errors import CacheError, StaleCacheError
 from tokenmill.formats._atomic import AtomicFile
+from tokenmill.index import fingerprint as data_fingerprint
+
+logger = logging.getLogger(__name__)
 
 __all__ = [
     "ArraySpec",
@@ -200,6 +209,17 @@ class IndexCache:
     def array_path(self, name: str) -> Path:
         return self.path(f"{name}.npy")
 
+    @property
+    def fingerprint_path(self) -> Path:
+        """The tokenmill-only data fingerprint sidecar of this entry."""
+        return self.path(data_fingerprint.FINGERPRINT_SUFFIX)
+
+    def stale_reasons(self, data_prefixes: Sequence[str]) -> tuple[list[str], dict[str, Any]]:
+        """Why this entry does not match the current data (see fingerprint.stale_reasons)."""
+        return data_fingerprint.stale_reasons(
+            data_prefixes, self.fingerprint_path, self.description_path
+        )
+
     def all_present(self) -> bool:
         """megatron-core's notion of a hit: every file exists."""
         return self.description_path.is_file() and all(
@@ -253,13 +273,23 @@ class IndexCache:
             finally:
                 fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
 
-    def save(self, arrays: Mapping[str, npt.NDArray[Any]]) -> None:
-        """Write every array, then the description (the commit point), each atomically."""
+    def save(
+        self,
+        arrays: Mapping[str, npt.NDArray[Any]],
+        fingerprint: Mapping[str, Any] | None = None,
+    ) -> None:
+        """Write every array, the data fingerprint (or remove an old one), then the description
+        (the commit point), each atomically."""
         self.directory.mkdir(parents=True, exist_ok=True)
         with contextlib.suppress(FileNotFoundError):
             self.description_path.unlink()
         for name in self.array_names:
             atomic_save_npy(self.array_path(name), arrays[name])
+        if fingerprint is None:
+            with contextlib.suppress(FileNotFoundError):
+                self.fingerprint_path.unlink()
+        else:
+            data_fingerprint.write_fingerprint(self.fingerprint_path, fingerprint)
         atomic_write_text(self.description_path, self.description)
 
     def load_or_build(
@@ -269,6 +299,8 @@ class IndexCache:
         *,
         may_build: bool,
         trust_presence: bool = False,
+        data_prefixes: Sequence[str] = (),
+        data_check: str = "off",
     ) -> tuple[dict[str, npt.NDArray[Any]], bool]:
         """Return the cached arrays, building and saving them first if this process may.
 
@@ -277,16 +309,58 @@ class IndexCache:
             specs: what each array must look like.
             may_build: whether this process writes missing caches (rank rule).
             trust_presence: megatron's fast_cache_load: skip the description comparison.
+            data_prefixes: the `.bin`/`.idx` prefixes the arrays are computed from.
+            data_check: "rebuild", "error" or "off" (fingerprint.POLICIES).
 
         Returns:
             (arrays, built) where built says whether this call computed them.
 
         Raises:
             CacheError: when the cache is missing or invalid and this process may not build it.
+            StaleCacheError: the data changed since the entry was built and it may not be
+                rebuilt here (data_check "error", or a rank that does not build caches).
+            ValueError: data_check is not one of fingerprint.POLICIES.
         """
+        if data_check not in data_fingerprint.POLICIES:
+            raise ValueError(
+                f"cache_data_check must be one of {list(data_fingerprint.POLICIES)}, "
+                f"got {data_check!r}"
+            )
         session = _SESSION
+        check_only = session is not None and session.check_only
         started = time.perf_counter()
+        checking = data_check != "off" and len(data_prefixes) > 0
         arrays, problems = self.load(specs, check_description=not trust_presence)
+        # An existing entry is checked against the data even when its arrays no longer fit the
+        # config (new data usually changes their shapes): "error" must never rebuild silently.
+        if checking and self.description_path.is_file():
+            stale, current = self.stale_reasons(data_prefixes)
+            if stale and check_only:
+                arrays = None
+                problems = [
+                    *problems,
+                    *(f"{self.description_path}: built from other data: {r}" for r in stale),
+                ]
+            elif stale and (data_check == "error" or not may_build):
+                raise StaleCacheError(
+                    f"index cache {self.description_path} was built from different data "
+                    f"(cache_data_check={data_check!r}; delete the entry, rebuild it on the "
+                    "cache-building rank, or set cache_data_check='off' for megatron-core's "
+                    "path-only behaviour): " + "; ".join(stale)
+                )
+            elif stale:
+                logger.warning(
+                    "rebuilding stale index cache %s: %s", self.description_path, "; ".join(stale)
+                )
+                arrays, problems = None, stale
+            elif (
+                arrays is not None
+                and may_build
+                and not check_only
+                and not self.fingerprint_path.is_file()
+            ):
+                # adopt an entry megatron-core (or an older tokenmill) wrote over this data
+                data_fingerprint.write_fingerprint(self.fingerprint_path, current)
         if arrays is not None:
             if session is not None:
                 session.record(CacheEvent(self, False, False, (), time.perf_counter() - started))
@@ -306,16 +380,33 @@ class IndexCache:
             )
         with self.locked():
             arrays, problems = self.load(specs, check_description=not trust_presence)
-            if arrays is not None:
+            if arrays is not None and not (checking and self.stale_reasons(data_prefixes)[0]):
                 if session is not None:
                     session.record(
                         CacheEvent(self, False, False, (), time.perf_counter() - started)
                     )
                 return arrays, False
+            # fingerprint before building: data changing during the build is then seen as stale
+            fingerprint = data_fingerprint.fingerprint_prefixes(data_prefixes) if checking else None
             built = dict(build())
-            self.save(built)
+            self.save(built, fingerprint)
         if session is not None:
             session.record(
                 CacheEvent(self, True, True, tuple(problems), time.perf_counter() - started)
             )
         return built, True
+
+    def check_deferred(self, data_prefixes: Sequence[str], data_check: str) -> None:
+        """The data check of a deferred (defer_npy_index_mmap) load, which never rebuilds.
+
+        Raises:
+            StaleCacheError: the data changed since the entry was built.
+        """
+        if data_check == "off" or not data_prefixes:
+            return
+        stale, _ = self.stale_reasons(data_prefixes)
+        if stale:
+            raise StaleCacheError(
+                f"index cache {self.description_path} was built from different data "
+                "(a deferred load cannot rebuild it): " + "; ".join(stale)
+            )
