@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import os
 import struct
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -110,3 +111,83 @@ def shard(tmp_path: Path) -> str:
     """A 200-document uint16 shard with random lengths, ending every document with EOD 0."""
     rng = np.random.default_rng(1234)
     return write_megatron_shard(tmp_path / "corpus", random_documents(rng, 200))
+
+
+# -- S3: a real S3-compatible server (moto's server mode) on loopback, for the whole session -------
+
+
+class S3Service:
+    """The session's S3 server: its endpoint and a plain boto3 client (for setting up data)."""
+
+    def __init__(self, server: Any, endpoint: str) -> None:
+        import boto3
+
+        self.server = server
+        self.endpoint = endpoint
+        self.boto = boto3.client("s3", endpoint_url=endpoint)
+        self._buckets = 0
+
+    def new_bucket(self) -> S3Bucket:
+        """A fresh, empty bucket (names are 3+ characters, as S3 requires)."""
+        self._buckets += 1
+        name = f"tokenmill-test-{self._buckets}"
+        self.boto.create_bucket(Bucket=name)
+        return S3Bucket(self, name)
+
+
+class S3Bucket:
+    """One test's bucket on the session's server."""
+
+    def __init__(self, service: S3Service, name: str) -> None:
+        self.service = service
+        self.name = name
+
+    def url(self, key: str) -> str:
+        return f"s3://{self.name}/{key}"
+
+    def put(self, key: str, data: bytes) -> str:
+        self.service.boto.put_object(Bucket=self.name, Key=key, Body=data)
+        return self.url(key)
+
+    def get(self, key: str) -> bytes:
+        data: bytes = self.service.boto.get_object(Bucket=self.name, Key=key)["Body"].read()
+        return data
+
+    def upload_prefix(self, local_prefix: str | Path, key_prefix: str) -> str:
+        """Upload every file `local_prefix*` (.bin, .idx, sidecars); returns the s3:// prefix."""
+        directory, name = os.path.split(str(local_prefix))
+        for entry in sorted(os.listdir(directory)):
+            path = os.path.join(directory, entry)
+            if entry.startswith(name) and os.path.isfile(path):
+                self.service.boto.upload_file(path, self.name, key_prefix + entry[len(name) :])
+        return self.url(key_prefix)
+
+
+@pytest.fixture(scope="session")
+def s3_service() -> Iterator[S3Service]:
+    """moto's ThreadedMotoServer on 127.0.0.1:<free port> with test credentials, small retry
+    budgets and AWS_ENDPOINT_URL in the environment (what tokenmill's client reads)."""
+    pytest.importorskip("moto.server")
+    from s3_support import TEST_ENVIRONMENT, MotoServer
+    from tokenmill.storage import s3
+
+    server = MotoServer()
+    with pytest.MonkeyPatch.context() as patch:
+        for key, value in TEST_ENVIRONMENT.items():
+            patch.setenv(key, value)
+        patch.delenv("AWS_PROFILE", raising=False)
+        patch.delenv("AWS_ENDPOINT_URL_S3", raising=False)
+        patch.setenv("AWS_ENDPOINT_URL", server.endpoint)
+        server.start()
+        s3.reset_clients()
+        try:
+            yield S3Service(server, server.endpoint)
+        finally:
+            s3.reset_clients()
+            server.stop()
+
+
+@pytest.fixture
+def s3_bucket(s3_service: S3Service) -> S3Bucket:
+    """A fresh bucket on the session's S3 server."""
+    return s3_service.new_bucket()

@@ -186,8 +186,8 @@ def get_bin_path(path_prefix: str) -> str:
 def _refuse_object_storage(path_prefix: str) -> None:
     if path_prefix.startswith(_OBJECT_STORAGE_SCHEMES):
         raise NotImplementedError(
-            f"object storage is not supported yet: cannot open {path_prefix!r}; copy the .bin/.idx "
-            "files to a local path"
+            f"merging from object storage is not supported: {path_prefix!r}; download the "
+            ".bin/.idx files first (or convert to a local prefix)"
         )
 
 
@@ -376,8 +376,11 @@ class IndexedDataset:
         multimodal: read the int8 ``sequence_modes`` trailer and return ``(tokens, mode)`` items.
         mmap: map the ``.bin`` and return zero-copy read-only views; if False, every read is an
             ``os.preadv`` into a new writable array and the ``.bin`` is never mapped.
-        object_storage_config: accepted for signature compatibility; object storage is not
-            supported yet.
+        object_storage_config: required for ``s3://`` prefixes: an
+            :class:`~tokenmill.storage.object_storage.ObjectStorageConfig` (or megatron-core's).
+            The ``.idx`` is cached locally under ``path_to_idx_cache`` (once per node and object
+            version) and the ``.bin`` is read with ranged GETs through an LRU of aligned chunks;
+            ``mmap`` is ignored there. See ``tokenmill.storage``.
         s3_config: megatron's deprecated alias of ``object_storage_config``.
         fast_cache_load: skip the consistency checks that scan arrays, as megatron does (the
             O(1) size checks that keep reads in bounds always run).
@@ -388,7 +391,9 @@ class IndexedDataset:
     Raises:
         FileNotFoundError: the ``.idx`` or ``.bin`` file is missing.
         DataFormatError: the files are not a consistent megatron dataset.
-        NotImplementedError: the prefix is an ``s3://`` or ``msc://`` path.
+        ValueError: an ``s3://`` prefix without ``object_storage_config``.
+        NotImplementedError: the prefix is an ``msc://`` path.
+        ObjectStorageError: object storage failed after its retries.
     """
 
     path_prefix: str
@@ -444,7 +449,6 @@ class IndexedDataset:
             dtype_code: see the class docstring.
         """
         path_prefix = os.fspath(path_prefix)
-        _refuse_object_storage(path_prefix)
         self.path_prefix = path_prefix
         self.multimodal = multimodal
         self.mmap = mmap
@@ -454,6 +458,10 @@ class IndexedDataset:
         self.dtype_code = dtype_code
         self._bin_descriptor = -1
         self._tokens: npt.NDArray[Any] | None = None
+        self.bin_reader: Any = None
+        if path_prefix.startswith(_OBJECT_STORAGE_SCHEMES):
+            self._open_object_storage()
+            return
 
         self.index = _IndexReader(
             get_idx_path(path_prefix), multimodal, sequences_per_dataset, dtype_code
@@ -490,6 +498,46 @@ class IndexedDataset:
         finally:
             if descriptor >= 0:
                 os.close(descriptor)
+
+    def _open_object_storage(self) -> None:
+        """Open an ``s3://`` prefix: the ``.idx`` through the local cache (downloaded once per
+        node and version), the ``.bin`` through ranged, chunk-cached reads (never mapped, whatever
+        ``mmap`` says; megatron-core asserts ``mmap=False`` instead)."""
+        from tokenmill.storage.local_cache import cache_object
+        from tokenmill.storage.object_storage import ObjectStorageConfig, require_s3
+        from tokenmill.storage.remote import S3BinReader
+        from tokenmill.storage.s3 import client_for
+
+        prefix = self.path_prefix
+        require_s3(prefix)
+        if self.object_storage_config is None:
+            raise ValueError(
+                f"{prefix} is an object-storage path: pass object_storage_config="
+                "ObjectStorageConfig(path_to_idx_cache=<local directory>) (GPTDatasetConfig: "
+                "object_storage_cache_path)"
+            )
+        config = ObjectStorageConfig.coerce(self.object_storage_config)
+        client = client_for(config.retry)
+        local_idx = cache_object(get_idx_path(prefix), config.path_to_idx_cache, client)
+        self.index = _IndexReader(
+            local_idx, self.multimodal, self.sequences_per_dataset, self.dtype_code
+        )
+        if not self.fast_cache_load:
+            self.index.validate()
+        self.dtype = self.index.dtype
+        self._itemsize = self.index.dtype_size
+        self._sequence_count = self.index.sequence_count
+        bin_path = get_bin_path(prefix)
+        reader = S3BinReader(bin_path, config, client)
+        self._bin_size = reader.size
+        expected = self.index.expected_bin_size()
+        if self._bin_size != expected:
+            raise DataFormatError(
+                f"{bin_path}: data object is {self._bin_size} bytes but its index {local_idx} "
+                f"(from {get_idx_path(prefix)}) ends at byte {expected} (last pointer + last "
+                f"length × {self._itemsize}); the files do not belong together or one is truncated"
+            )
+        self.bin_reader = reader
 
     def __getstate__(self) -> tuple[Any, ...]:
         """The constructor arguments only (megatron's 7-tuple); the files are re-opened on load."""
@@ -541,6 +589,9 @@ class IndexedDataset:
             return self._tokens[start : start + count]
         tokens = numpy.empty(count, dtype=self.dtype)
         target = tokens.data.cast("B")
+        if self.bin_reader is not None:
+            self.bin_reader.read_into(byte_offset, target)
+            return tokens
         done = 0
         while done < target.nbytes:
             read = os.preadv(self._bin_descriptor, [target[done:]], byte_offset + done)
@@ -685,11 +736,23 @@ class IndexedDataset:
     def exists(path_prefix: str) -> bool:
         """Whether both ``path_prefix.idx`` and ``path_prefix.bin`` exist.
 
+        For ``s3://`` prefixes this is two HEAD requests, and a missing object gives False
+        (megatron-core 0.19.2 always answers True there).
+
         Raises:
-            NotImplementedError: the prefix is an object-storage path.
+            NotImplementedError: the prefix is an ``msc://`` path.
+            PermissionError: the bucket refuses the HEAD request (existence cannot be told).
         """
         path_prefix = os.fspath(path_prefix)
-        _refuse_object_storage(path_prefix)
+        if path_prefix.startswith(_OBJECT_STORAGE_SCHEMES):
+            from tokenmill.storage.object_storage import require_s3
+            from tokenmill.storage.s3 import get_client
+
+            require_s3(path_prefix)
+            client = get_client()
+            return client.exists(get_idx_path(path_prefix)) and client.exists(
+                get_bin_path(path_prefix)
+            )
         return os.path.exists(get_idx_path(path_prefix)) and os.path.exists(
             get_bin_path(path_prefix)
         )

@@ -60,8 +60,10 @@ __all__ = [
     "S3Client",
     "S3Url",
     "TransferStats",
+    "client_for",
     "get_client",
     "is_s3_url",
+    "reset_clients",
     "set_client",
     "using_client",
 ]
@@ -613,6 +615,20 @@ def get_client() -> S3Client:
     return client
 
 
+_policy_clients: dict[RetryPolicy, S3Client] = {}
+
+
+def client_for(retry: RetryPolicy | None) -> S3Client:
+    """The process-wide client for ``retry`` (None: :func:`get_client`), built once per policy."""
+    if retry is None:
+        return get_client()
+    with _default_lock:
+        client = _policy_clients.get(retry)
+        if client is None:
+            client = _policy_clients[retry] = S3Client(retry)
+    return client
+
+
 def set_client(client: S3Client | None) -> S3Client | None:
     """Replace the process-wide client (None: rebuild from the environment on next use).
 
@@ -623,6 +639,13 @@ def set_client(client: S3Client | None) -> S3Client | None:
     with _default_lock:
         previous, _default_client = _default_client, client
     return previous
+
+
+def reset_clients() -> None:
+    """Forget every process-wide client, so the next use rebuilds them from the environment."""
+    set_client(None)
+    with _default_lock:
+        _policy_clients.clear()
 
 
 @contextlib.contextmanager

@@ -1,0 +1,172 @@
+"""A real S3-compatible server for tests (moto's server mode on loopback) and a fault-injecting
+HTTP proxy to put in front of it.
+
+moto keeps its buckets in the process (not in the server thread), so a second server, a restarted
+server and a proxy all see the same objects. moto reads a whole object for every ranged GET: keep
+test objects small (<= 8 MiB).
+"""
+
+from __future__ import annotations
+
+import http.client
+import http.server
+import socket
+import threading
+import time
+from collections import deque
+from typing import Any
+
+TEST_ENVIRONMENT = {
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing",
+    "AWS_SESSION_TOKEN": "testing",
+    "AWS_DEFAULT_REGION": "us-east-1",
+    "AWS_CONFIG_FILE": "/nonexistent/tokenmill-test-aws-config",
+    "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent/tokenmill-test-aws-credentials",
+    # small budgets keep the fault tests fast; a test that needs more sets its own policy
+    "TOKENMILL_S3_MAX_ATTEMPTS": "5",
+    "TOKENMILL_S3_BACKOFF_BASE": "0.01",
+    "TOKENMILL_S3_BACKOFF_MAX": "0.05",
+    "TOKENMILL_S3_CONNECT_TIMEOUT": "2",
+    "TOKENMILL_S3_READ_TIMEOUT": "5",
+}
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+class MotoServer:
+    """moto's ThreadedMotoServer on 127.0.0.1 that can be stopped and restarted on its port."""
+
+    def __init__(self, port: int | None = None) -> None:
+        self.port = port if port is not None else free_port()
+        self._server: Any = None
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        from moto.server import ThreadedMotoServer
+
+        self._server = ThreadedMotoServer(ip_address="127.0.0.1", port=self.port, verbose=False)
+        self._server.start()
+
+    def stop(self) -> None:
+        if self._server is None:
+            return
+        server, self._server = self._server, None
+        server.stop()
+        # ThreadedMotoServer.stop() leaves the listening socket open (clients would hang, not
+        # fail); close it so a stopped server refuses connections like a dead one.
+        inner = getattr(server, "_server", None)
+        if inner is not None:
+            inner.server_close()
+
+
+class FaultProxy:
+    """A loopback HTTP proxy that forwards to ``upstream_port``, except for planned faults.
+
+    ``fail(n)`` answers the next n requests with 503 SlowDown, ``delay(n, seconds)`` holds the
+    next n requests before forwarding them (longer than the client's read timeout: a timeout),
+    ``drop(n)`` closes the connection without an answer.
+    """
+
+    def __init__(self, upstream_port: int) -> None:
+        self.upstream_port = upstream_port
+        self.plan: deque[tuple[str, float]] = deque()
+        self.lock = threading.Lock()
+        self.requests = 0
+        self.faults = 0
+        proxy = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+            def _handle(self) -> None:
+                with proxy.lock:
+                    proxy.requests += 1
+                    action = proxy.plan.popleft() if proxy.plan else ("forward", 0.0)
+                    if action[0] != "forward":
+                        proxy.faults += 1
+                kind, seconds = action
+                if kind == "fail":
+                    body = (
+                        b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>SlowDown</Code>'
+                        b"<Message>Please reduce your request rate.</Message></Error>"
+                    )
+                    self.send_response(503)
+                    self.send_header("Content-Type", "application/xml")
+                    self.send_header("Content-Length", str(len(body)))
+                    self.end_headers()
+                    if self.command != "HEAD":
+                        self.wfile.write(body)
+                    return
+                if kind == "drop":
+                    self.close_connection = True
+                    self.connection.shutdown(socket.SHUT_RDWR)
+                    return
+                if kind == "delay":
+                    time.sleep(seconds)
+                self._forward()
+
+            def _forward(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(length) if length else None
+                upstream = http.client.HTTPConnection("127.0.0.1", proxy.upstream_port, timeout=30)
+                try:
+                    headers = {k: v for k, v in self.headers.items() if k.lower() != "connection"}
+                    upstream.request(self.command, self.path, body=body, headers=headers)
+                    response = upstream.getresponse()
+                    payload = response.read()
+                    try:
+                        self.send_response(response.status)
+                        for key, value in response.getheaders():
+                            if key.lower() not in (
+                                "transfer-encoding",
+                                "connection",
+                                "content-length",
+                            ):
+                                self.send_header(key, value)
+                        self.send_header("Content-Length", str(len(payload)))
+                        self.end_headers()
+                        if self.command != "HEAD":
+                            self.wfile.write(payload)
+                    except (BrokenPipeError, ConnectionResetError):
+                        pass  # the client gave up (a planned timeout)
+                finally:
+                    upstream.close()
+
+            do_GET = do_HEAD = do_PUT = do_POST = do_DELETE = _handle
+
+        self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server.daemon_threads = True
+        self.port = self._server.server_address[1]
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread.start()
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def fail(self, count: int) -> None:
+        with self.lock:
+            self.plan.extend([("fail", 0.0)] * count)
+
+    def delay(self, count: int, seconds: float) -> None:
+        with self.lock:
+            self.plan.extend([("delay", seconds)] * count)
+
+    def drop(self, count: int) -> None:
+        with self.lock:
+            self.plan.extend([("drop", 0.0)] * count)
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join()
