@@ -76,6 +76,7 @@ MANIFEST_NAME = "manifest.json"
 STATE_NAME = ".tokenmill-download.json"
 _DATASET_SUFFIXES = (".bin", ".idx", ".tokenmill.json")
 _READ_BYTES = 1 << 20
+_S3_MIN_PART_BYTES = 5 << 20
 
 
 @dataclass(frozen=True)
@@ -111,7 +112,6 @@ class TransferPolicy:
             raise ValueError(
                 f"TransferPolicy backoff must be >= 0, got {self.backoff_base}/{self.backoff_max}"
             )
-        # S3 needs parts of at least 5 MiB except the last; smaller parts only suit tests.
         if self.part_bytes < 1:
             raise ValueError(f"TransferPolicy.part_bytes must be >= 1, got {self.part_bytes}")
         if self.timeout <= 0:
@@ -155,6 +155,10 @@ def _s3_client() -> Any:
 # -- reading whole small objects (manifests) ---------------------------------------------------
 
 
+class _RangeNotSatisfiable(Exception):
+    """HTTP 416: the server's object is no longer than the bytes we already have."""
+
+
 def _http_open(url: str, policy: TransferPolicy, headers: Mapping[str, str] | None = None) -> Any:
     """urlopen with retries on transient failures; 404 is FileNotFoundError."""
     attempt = 0
@@ -163,10 +167,11 @@ def _http_open(url: str, policy: TransferPolicy, headers: Mapping[str, str] | No
             request = urllib.request.Request(url, headers=dict(headers or {}))
             return urllib.request.urlopen(request, timeout=policy.timeout)
         except urllib.error.HTTPError as error:
+            error.close()  # it holds the response's socket
             if error.code == 404:
                 raise FileNotFoundError(errno.ENOENT, f"not found: {url} (HTTP 404)") from None
             if error.code == 416:
-                raise
+                raise _RangeNotSatisfiable(url) from None
             if error.code < 500 and error.code != 429:
                 raise ObjectStorageError(f"{url}: HTTP {error.code} {error.reason}") from None
             last: BaseException = error
@@ -425,6 +430,10 @@ def publish(
     policy = policy or TransferPolicy()
     if _is_http(destination):
         raise ValueError(f"cannot publish to {destination}: use an s3:// URL or a local directory")
+    if _is_s3(destination) and policy.part_bytes < _S3_MIN_PART_BYTES:
+        raise ValueError(
+            f"part size {policy.part_bytes} bytes is below S3's multipart minimum of 5 MiB"
+        )
     started = time.perf_counter()
     files = collect_files(paths)
     hashed = [(key, path, os.path.getsize(path), sha256_file(path)) for key, path in files]
@@ -544,6 +553,16 @@ class _State:
             atomic_write_text(Path(self.path), json.dumps(self.entries, sort_keys=True))
 
 
+def _announced_size(response: Any, have: int) -> int | None:
+    """The whole object's size as the server states it (Content-Range or Content-Length)."""
+    if response.status == 206:
+        content_range = response.headers.get("Content-Range", "")
+        total = content_range.rpartition("/")[2]
+        return int(total) if total.isdigit() else None
+    length = response.headers.get("Content-Length")
+    return int(length) if length is not None and length.isdigit() else None
+
+
 def _fetch_http(url: str, partial: str, size: int | None, policy: TransferPolicy) -> int:
     """Append the missing bytes of `url` to `partial`; returns bytes received."""
     received = 0
@@ -558,16 +577,21 @@ def _fetch_http(url: str, partial: str, size: int | None, policy: TransferPolicy
         headers = {"Range": f"bytes={have}-"} if have else {}
         try:
             response = _http_open(url, policy, headers)
-        except urllib.error.HTTPError as error:  # 416: our partial is not a prefix of it
-            if error.code == 416 and have:
-                os.truncate(partial, 0)
-                continue
-            raise ObjectStorageError(f"{url}: HTTP {error.code} {error.reason}") from None
+        except _RangeNotSatisfiable:  # the object is shorter than our partial: start over
+            if not have:
+                raise ObjectStorageError(f"{url}: HTTP 416 for a request without range") from None
+            os.truncate(partial, 0)
+            continue
+        total = _announced_size(response, have)
+        if size is not None and total is not None and total != size:
+            response.close()
+            raise ChecksumError(f"{url}: the object has {total} bytes but the manifest says {size}")
         try:
             with response, open(partial, "ab") as stream:
                 if have and response.status != 206:  # the server ignored the range
                     stream.truncate(0)
-                while block := response.read(_READ_BYTES):
+                # read1: whatever has arrived (up to 1 MiB), so a kill loses little
+                while block := response.read1(_READ_BYTES):
                     stream.write(block)
                     received += len(block)
             if size is None or os.path.getsize(partial) >= size:
