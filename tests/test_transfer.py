@@ -174,11 +174,11 @@ def test_collect_files(tmp_path: Path) -> None:
         "shard1.bin",
         "shard1.idx",
     ]
-    with pytest.raises(FileNotFoundError, match="nothing to publish at .*absent"):
+    with pytest.raises(FileNotFoundError, match=r"nothing to publish at .*absent"):
         collect_files([str(tmp_path / "absent")])
     (tmp_path / "other").mkdir()
     (tmp_path / "other" / "shard0.bin").write_bytes(b"x")
-    with pytest.raises(ValueError, match="would be published as 'shard0.bin'"):
+    with pytest.raises(ValueError, match=r"would be published as 'shard0.bin'"):
         collect_files([prefixes[0], str(tmp_path / "other" / "shard0.bin")])
 
 
@@ -202,7 +202,7 @@ def test_manifest_round_trip_and_validation() -> None:
     for payload, message in cases:
         with pytest.raises(ValueError, match=message):
             Manifest.from_json(json.dumps(payload), "bad.json")
-    with pytest.raises(ValueError, match="bad.json: manifest is not valid JSON"):
+    with pytest.raises(ValueError, match=r"bad.json: manifest is not valid JSON"):
         Manifest.from_json("{", "bad.json")
 
 
@@ -363,7 +363,7 @@ def test_first_shards_are_readable_while_the_rest_download(
     first = IndexedDataset(str(tmp_path / "local" / "shard0"))
     assert first[0].tolist() == IndexedDataset(prefixes[0])[0].tolist()
     assert not job.done()
-    with pytest.raises(TimeoutError, match="shard2.bin is not downloaded"):
+    with pytest.raises(TimeoutError, match=r"shard2.bin is not downloaded"):
         job.wait("shard2.bin", timeout=0.05)
     gate.set()
     report = job.result(timeout=30)
