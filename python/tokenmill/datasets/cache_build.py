@@ -159,6 +159,13 @@ def _cache_dir(run: RunConfig) -> str:
             f"{run.path}: path_to_cache must be set (without it megatron keeps BlendedDataset "
             "indices in memory and rebuilds them at every launch)"
         )
+    from tokenmill.storage.remote_cache import is_remote_cache
+
+    if is_remote_cache(run.config.path_to_cache):
+        raise ValueError(
+            f"{run.path}: path_to_cache {run.config.path_to_cache!r} is remote; build-cache "
+            "writes a local directory (then `tokenmill publish` it)"
+        )
     return run.config.path_to_cache
 
 

@@ -44,6 +44,7 @@ import numpy.typing as npt
 from tokenmill.errors import CacheError, StaleCacheError
 from tokenmill.formats._atomic import AtomicFile
 from tokenmill.index import fingerprint as data_fingerprint
+from tokenmill.storage.remote_cache import is_remote_cache
 
 logger = logging.getLogger(__name__)
 
@@ -192,12 +193,14 @@ class IndexCache:
         description: str,
         array_names: Sequence[str],
     ) -> IndexCache:
-        return cls(
-            Path(directory),
-            f"{description_hash}-{class_name}-{split_name}",
-            description,
-            tuple(array_names),
-        )
+        base = f"{description_hash}-{class_name}-{split_name}"
+        location = os.fspath(directory)
+        if is_remote_cache(location):
+            # a manifest or s3:// cache: fetch this entry once per node, then use it locally
+            from tokenmill.storage.remote_cache import fetch_cache_entry
+
+            location = fetch_cache_entry(location, base)
+        return cls(Path(location), base, description, tuple(array_names))
 
     def path(self, suffix: str) -> Path:
         return self.directory / f"{self.base}-{suffix}"

@@ -3,7 +3,8 @@
 ``manifest.json`` sits beside the objects it lists (keys are relative to its directory)::
 
     {"format": "tokenmill.manifest", "version": 1,
-     "objects": [{"key": "web_text_document.bin", "size": 123456, "sha256": "9f86..."},
+     "objects": [{"key": "web_text_document.bin", "size": 123456, "sha256": "9f86...",
+                  "mtime_ns": 1763771000000000000},
                  {"key": "cache/0a1b...-GPTDataset-train-description.txt", ...}],
      "config": {...}}            # the dataset config the objects serve (or null)
 
@@ -62,11 +63,16 @@ class ManifestObject:
     size: int | None
     sha256: str | None
     url: str | None = None
+    mtime_ns: int | None = None
+    """The published file's modification time; downloads restore it, so the data fingerprints
+    recorded beside index cache entries (size, mtime, sampled bytes) still match."""
 
     def to_json(self) -> dict[str, Any]:
         entry: dict[str, Any] = {"key": self.key, "size": self.size, "sha256": self.sha256}
         if self.url is not None:
             entry["url"] = self.url
+        if self.mtime_ns is not None:
+            entry["mtime_ns"] = self.mtime_ns
         return entry
 
 
@@ -149,7 +155,12 @@ class Manifest:
                 raise ValueError(f"{label} ({key}): url must be a string, got {url!r}")
             if url is None and (size is None or digest is None):
                 raise ValueError(f"{label} ({key}): size and sha256 are required")
-            objects.append(ManifestObject(key, size, digest, url))
+            mtime_ns = entry.get("mtime_ns")
+            if mtime_ns is not None and (
+                not isinstance(mtime_ns, int) or isinstance(mtime_ns, bool) or mtime_ns < 0
+            ):
+                raise ValueError(f"{label} ({key}): mtime_ns must be an integer >= 0")
+            objects.append(ManifestObject(key, size, digest, url, mtime_ns))
         config = payload.get("config")
         if config is not None and not isinstance(config, dict):
             raise ValueError(f"{where}: 'config' must be an object or null, got {config!r:.80}")

@@ -14,7 +14,8 @@ with the same size and MD5 ETag are kept, the rest are sent.
 is a manifest (local path, `s3://` or `http(s)://` URL), a `Manifest`, or a plain shard list
 (`URL [sha256]` lines, nanochat-style). Objects are fetched by `workers` threads in manifest order
 into `<local_dir>/.<name>.partial` and renamed to their key once their size and sha256 match the
-manifest, so a file under its final name is always complete and verified. HTTP fetches retry
+manifest, so a file under its final name is always complete and verified; the published
+modification time is restored, so the data fingerprints beside index cache entries still match. HTTP fetches retry
 connection errors, timeouts and 5xx/429 answers with exponential backoff (full jitter, as
 `tokenmill.storage.s3` does for S3, whose client retries on its own); after a kill, the next run
 skips finished objects (remembered in `<local_dir>/.tokenmill-download.json` by size and mtime,
@@ -438,7 +439,10 @@ def publish(
     files = collect_files(paths)
     hashed = [(key, path, os.path.getsize(path), sha256_file(path)) for key, path in files]
     manifest = Manifest(
-        tuple(ManifestObject(key, size, digest) for key, _, size, digest in hashed),
+        tuple(
+            ManifestObject(key, size, digest, None, os.stat(path).st_mtime_ns)
+            for key, path, size, digest in hashed
+        ),
         dict(config) if config is not None else None,
     )
     report = PublishReport(manifest, _join(destination, MANIFEST_NAME))
@@ -735,6 +739,8 @@ class DownloadJob:
                     f"{source}: {problem} (downloading to {final}; the bad bytes were removed)"
                 )
             # a partial file from an earlier run may belong to another version: start over once
+        if item.mtime_ns is not None:
+            os.utime(partial, ns=(item.mtime_ns, item.mtime_ns))
         os.replace(partial, final)
         self._state.record(item.key, final, item.sha256)
         with self._lock:
@@ -751,6 +757,8 @@ class DownloadJob:
         if self._state.verified(item.key, final, item.sha256):
             return True
         if os.path.getsize(final) == item.size and sha256_file(final) == item.sha256:
+            if item.mtime_ns is not None:
+                os.utime(final, ns=(item.mtime_ns, item.mtime_ns))
             self._state.record(item.key, final, item.sha256)
             return True
         return False
