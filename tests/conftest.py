@@ -168,9 +168,12 @@ def s3_service() -> Iterator[S3Service]:
     """moto's ThreadedMotoServer on 127.0.0.1:<free port> with test credentials, small retry
     budgets and AWS_ENDPOINT_URL in the environment (what tokenmill's client reads)."""
     pytest.importorskip("moto.server")
+    import logging
+
     from s3_support import TEST_ENVIRONMENT, MotoServer
     from tokenmill.storage import s3
 
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)  # one INFO line per request
     server = MotoServer()
     with pytest.MonkeyPatch.context() as patch:
         for key, value in TEST_ENVIRONMENT.items():

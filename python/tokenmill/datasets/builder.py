@@ -173,11 +173,35 @@ class BlendedMegatronDatasetBuilder:
         from tokenmill.tokenize.fingerprint import check_compatible, check_tokenizer, sidecar_path
         from tokenmill.tokenize.tokenizers import Tokenizer
 
-        described = [p for p in self._prefixes() if os.path.exists(sidecar_path(p))]
+        described = [
+            local
+            for local in (self._described_prefix(p, sidecar_path) for p in self._prefixes())
+            if local is not None
+        ]
         if len(described) >= 2:
             check_compatible(described)
         if described and isinstance(self.config.tokenizer, Tokenizer):
             check_tokenizer(described[0], self.config.tokenizer)
+
+    def _described_prefix(self, prefix: str, sidecar_path: Any) -> str | None:
+        """A local prefix whose sidecar describes `prefix`, or None if it has none. For `s3://`
+        prefixes the sidecar is fetched into the object-storage cache (once per version)."""
+        if not prefix.startswith("s3://"):
+            return prefix if os.path.exists(sidecar_path(prefix)) else None
+        storage = getattr(self.config, "object_storage_cache_path", None)
+        if storage is None:
+            return None  # build_low_level_dataset reports the missing cache path
+        from tokenmill.storage.local_cache import cache_object_if_exists
+        from tokenmill.storage.object_storage import ObjectStorageConfig
+        from tokenmill.storage.s3 import client_for
+
+        config = ObjectStorageConfig.coerce(storage) if not isinstance(storage, str) else None
+        root = config.path_to_idx_cache if config is not None else storage
+        sidecar = sidecar_path(prefix)
+        local = cache_object_if_exists(
+            sidecar, root, client_for(config.retry if config is not None else None)
+        )
+        return None if local is None else local[: len(local) - (len(sidecar) - len(prefix))]
 
     # -- splits ------------------------------------------------------------------------------
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tokenmill.datasets.utils import (
     Blend,
@@ -35,6 +35,9 @@ from tokenmill.datasets.utils import (
     convert_split_vector_to_split_matrix,
     parse_and_normalize_split,
 )
+
+if TYPE_CHECKING:
+    from tokenmill.storage.object_storage import ObjectStorageConfig
 
 __all__ = ["BlendedMegatronDatasetConfig", "GPTDatasetConfig"]
 
@@ -184,8 +187,10 @@ class GPTDatasetConfig(BlendedMegatronDatasetConfig):
     add_extra_token_to_sequence: bool = True
     """Read sequence_length + 1 tokens so inputs and labels both have sequence_length."""
 
-    object_storage_cache_path: str | None = None
-    """Local directory for indices of object-storage datasets."""
+    object_storage_cache_path: str | ObjectStorageConfig | None = None
+    """Local directory for the `.idx` files of `s3://` datasets (megatron's field); tokenmill also
+    takes a whole `tokenmill.storage.object_storage.ObjectStorageConfig` here (chunk and cache
+    sizes, prefetch). Not part of the cache key."""
 
     data_parallel_size: int = 1
     """Data-parallel size (megatron parallelism field)."""

@@ -138,7 +138,21 @@ class GPTDataset(MegatronDataset):
                 raise ValueError(
                     f"{dataset_path} is an object-storage path: set object_storage_cache_path"
                 )
-            raise NotImplementedError(f"object storage is not supported yet: {dataset_path}")
+            from tokenmill.storage.object_storage import ObjectStorageConfig
+
+            storage = config.object_storage_cache_path
+            # megatron-core forces ObjectStorageConfig(path_to_idx_cache=...) here; tokenmill also
+            # takes a whole ObjectStorageConfig in the field (chunk and cache sizes, prefetch)
+            return IndexedDataset(
+                dataset_path,
+                multimodal=False,
+                mmap=config.mmap_bin_files,
+                object_storage_config=(
+                    storage
+                    if isinstance(storage, ObjectStorageConfig)
+                    else ObjectStorageConfig(path_to_idx_cache=storage)
+                ),
+            )
         sequences_per_dataset = None
         if config.sequences_per_dataset:
             sequences_per_dataset = config.sequences_per_dataset[dataset_path]
@@ -217,6 +231,16 @@ class GPTDataset(MegatronDataset):
             return self.config.path_to_cache
         if self.config.mock:
             return None
+        reader = getattr(self.dataset, "bin_reader", None)
+        if reader is not None and _is_object_storage_path(self.dataset.path_prefix):
+            # megatron-core would make a local directory literally named "s3:/bucket/..." in the
+            # working directory; keep it beside the cached .idx instead
+            from tokenmill.storage.object_storage import local_cache_path
+
+            local_prefix = local_cache_path(
+                self.dataset.path_prefix, reader.config.path_to_idx_cache
+            )
+            return os.path.join(local_prefix, "cache", f"{type(self).__name__}_indices")
         return os.path.join(self.dataset.path_prefix, "cache", f"{type(self).__name__}_indices")
 
     def _array_specs(self, plan: GptIndexPlan | None) -> dict[str, ArraySpec]:
@@ -368,9 +392,62 @@ class GPTDataset(MegatronDataset):
         text[filled:] = self._pad_token_id
         return text, np.asarray(document_ids, dtype=np.int64), lengths
 
+    # -- object storage: tell the chunk cache what comes next -------------------------------
+
+    def _sample_byte_ranges(self, indices: Any) -> list[tuple[int, int]]:
+        """The (byte offset, byte length) ranges of the `.bin` that samples `indices` read."""
+        assert self.shuffle_index is not None and self.sample_index is not None
+        assert self.document_index is not None
+        dataset = self.dataset
+        itemsize = np.dtype(dataset.dtype).itemsize
+        pointers, lengths = dataset.sequence_pointers, dataset.sequence_lengths
+        extra = int(self.config.add_extra_token_to_sequence)
+        ranges: list[tuple[int, int]] = []
+        for idx in indices:
+            position = int(self.shuffle_index[idx])
+            begin, begin_offset = (int(v) for v in self.sample_index[position])
+            end, end_offset = (int(v) for v in self.sample_index[position + 1])
+            for i in range(begin, end + 1):
+                document = int(self.document_index[i])
+                length = int(lengths[document])
+                first = begin_offset if i == begin else 0
+                stop = min(end_offset + extra, length) if i == end else length
+                if stop > first:
+                    start = int(pointers[document]) + first * itemsize
+                    ranges.append((start, (stop - first) * itemsize))
+        return ranges
+
+    def _prefetch(self, indices: Any) -> None:
+        """Start fetching the chunks of samples `indices` (object-storage datasets only)."""
+        reader = getattr(self.dataset, "bin_reader", None)
+        if reader is None or self.shuffle_index is None:
+            return
+        reader.prefetch(self._sample_byte_ranges(indices))
+
+    def _prefetch_ahead(self, idx: int) -> None:
+        """Around `idx`, announce the next `prefetch_samples` samples in index order (the known
+        shuffle order: samplers walk it forward). Re-announced every quarter window; the chunk
+        cache skips chunks it holds or is fetching, and takes at most half its budget ahead."""
+        reader = getattr(self.dataset, "bin_reader", None)
+        if reader is None or self.shuffle_index is None:
+            return
+        depth = int(reader.config.prefetch_samples)
+        count = int(self.shuffle_index.shape[0])
+        if depth <= 0 or not -count <= idx < count:
+            return
+        idx %= count
+        last = self.__dict__.get("_prefetch_last")
+        if last is not None and last <= idx < last + max(1, depth // 4):
+            return
+        self._prefetch_last = idx
+        self._prefetch(range(idx + 1, min(count, idx + 1 + depth)))
+
     def _getitem_python(self, idx: int | None) -> dict[str, torch.Tensor]:
         """The sample at `idx` by per-document reads through `self.dataset.get` (any dataset)."""
         import torch
+
+        if idx is not None and getattr(self.dataset, "bin_reader", None) is not None:
+            self._prefetch_ahead(idx)
 
         text, _, document_lengths = self._query_document_sample_shuffle_indices(
             0 if idx is None else idx
@@ -479,6 +556,7 @@ class GPTDataset(MegatronDataset):
         index_array, padding = as_index_array(indices)
         server = self._serving()
         if server is None:
+            self._prefetch(index_array.tolist())  # object storage: the batch's chunks in parallel
             pads = padding.tolist() if padding is not None else [False] * index_array.shape[0]
             samples = [
                 self._getitem_python(None if pad else index)

@@ -48,9 +48,23 @@ import numpy as np
 import numpy.typing as npt
 from torch.utils.data import IterableDataset
 
-from tokenmill.formats.bos_index import bos_index_path, check_bos_positions, read_bos_index
-from tokenmill.formats.nanogpt import NanogptShard, read_nanogpt_header
+from tokenmill.errors import DataFormatError
+from tokenmill.formats.bos_index import (
+    BOS_INDEX_SUFFIX,
+    bos_index_path,
+    check_bos_positions,
+    read_bos_index,
+)
+from tokenmill.formats.nanogpt import (
+    HEADER_BYTES,
+    NanogptHeader,
+    NanogptShard,
+    parse_nanogpt_header,
+    read_nanogpt_header,
+)
 from tokenmill.loading.world import World
+from tokenmill.storage.object_storage import ObjectStorageConfig
+from tokenmill.storage.s3 import client_for, is_s3_url
 
 __all__ = ["NanogptDataset"]
 
@@ -80,6 +94,13 @@ class NanogptDataset(IterableDataset):  # type: ignore[misc]
         infinite: loop over epochs instead of ending after one.
         world: override the rank/worker detection (see :meth:`World.current`).
         scan_threads: threads of the BOS scan used when a shard has no ``.bos.idx``.
+        object_storage_config: required for ``s3://`` shards (a pattern such as
+            ``s3://bucket/fineweb_train_*.bin`` is listed with one LIST request): an
+            :class:`~tokenmill.storage.object_storage.ObjectStorageConfig`. Windows are read with
+            ranged GETs through the chunk cache, with read-ahead along the shard; a ``.bos.idx``
+            is fetched into ``path_to_idx_cache`` and each window's first token is checked
+            against it as it is read; a shard without ``.bos.idx`` under ``align_to_bos`` is
+            downloaded whole into that directory (once per version) and scanned there.
 
     Raises:
         FileNotFoundError: no file matches.
@@ -99,14 +120,23 @@ class NanogptDataset(IterableDataset):  # type: ignore[misc]
         infinite: bool = False,
         world: World | None = None,
         scan_threads: int | None = None,
+        object_storage_config: Any = None,
     ) -> None:
         super().__init__()
+        self.object_storage_config = object_storage_config
         if isinstance(file_pattern, (str, os.PathLike)):
-            self.files = sorted(glob.glob(os.fspath(file_pattern)))
+            pattern = os.fspath(file_pattern)
+            if is_s3_url(pattern):
+                self.files = _remote_glob(pattern, self._storage(pattern))
+            else:
+                self.files = sorted(glob.glob(pattern))
         else:
             self.files = [os.fspath(path) for path in file_pattern]
         if not self.files:
             raise FileNotFoundError(f"no files matched {file_pattern!r}")
+        for path in self.files:
+            if is_s3_url(path):
+                self._storage(path)
         self.seq_len = operator.index(seq_len)
         if self.seq_len < 1:
             raise ValueError(f"seq_len must be >= 1, got {self.seq_len}")
@@ -119,12 +149,32 @@ class NanogptDataset(IterableDataset):  # type: ignore[misc]
         self.infinite = bool(infinite)
         self.world = world
         self.scan_threads = scan_threads
-        self.token_counts = [read_nanogpt_header(path).token_count for path in self.files]
+        self.token_counts = [self._header(path).token_count for path in self.files]
         self.epoch = 0
         self._consumed: dict[int, int] = {}  # global worker id -> windows produced this epoch
         self._resume: dict[int, int] = {}  # windows to skip at the start of the next iteration
-        self._shards: dict[int, NanogptShard] = {}
+        self._shards: dict[int, Any] = {}  # NanogptShard, or _RemoteShard for s3:// files
         self._bos: dict[int, npt.NDArray[Any]] = {}
+        # files whose .bos.idx is checked window by window as it is read (remote shards)
+        self._check_window_bos: set[int] = set()
+
+    # --- object storage ------------------------------------------------------------------------
+
+    def _storage(self, path: str) -> ObjectStorageConfig:
+        if self.object_storage_config is None:
+            raise ValueError(
+                f"{path} is an object-storage path: pass object_storage_config="
+                "ObjectStorageConfig(path_to_idx_cache=<local directory>)"
+            )
+        return ObjectStorageConfig.coerce(self.object_storage_config)
+
+    def _header(self, path: str) -> NanogptHeader:
+        if not is_s3_url(path):
+            return read_nanogpt_header(path)
+        client = client_for(self._storage(path).retry)
+        size = client.stat(path).size
+        raw = client.get_range(path, 0, min(HEADER_BYTES, size)) if size else b""
+        return parse_nanogpt_header(path, raw, size)
 
     # --- the plan ------------------------------------------------------------------------------
 
@@ -152,14 +202,38 @@ class NanogptDataset(IterableDataset):  # type: ignore[misc]
         end = tokens if part == sharing - 1 else start + size
         return [_Part(file, start, end)]
 
-    def _shard(self, file: int) -> NanogptShard:
+    def _shard(self, file: int) -> Any:
         shard = self._shards.get(file)
         if shard is None:
-            shard = self._shards[file] = NanogptShard(self.files[file])
+            path = self.files[file]
+            shard = self._shards[file] = (
+                _RemoteShard(path, self._storage(path)) if is_s3_url(path) else NanogptShard(path)
+            )
         return shard
+
+    def _remote_bos_positions(self, file: int) -> npt.NDArray[Any]:
+        from tokenmill.storage.local_cache import cache_object, cache_object_if_exists
+
+        assert self.bos_token is not None  # checked in __init__
+        path = self.files[file]
+        config = self._storage(path)
+        client = client_for(config.retry)
+        sidecar = os.path.splitext(path)[0] + BOS_INDEX_SUFFIX
+        local = cache_object_if_exists(sidecar, config.path_to_idx_cache, client)
+        if local is not None:
+            self._check_window_bos.add(file)
+            return read_bos_index(local, self.token_counts[file]).positions
+        # no sidecar: the scan needs every token, so fetch the shard once and map it
+        shard = NanogptShard(cache_object(path, config.path_to_idx_cache, client))
+        self._shards[file] = shard
+        from tokenmill.index.token_scan import find_token_positions
+
+        return find_token_positions(shard.tokens, self.bos_token, self.scan_threads)
 
     def _bos_positions(self, file: int) -> npt.NDArray[Any]:
         positions = self._bos.get(file)
+        if positions is None and is_s3_url(self.files[file]):
+            positions = self._bos[file] = self._remote_bos_positions(file)
         if positions is None:
             assert self.bos_token is not None  # checked in __init__
             shard = self._shard(file)
@@ -233,10 +307,16 @@ class NanogptDataset(IterableDataset):  # type: ignore[misc]
                     skip -= starts.shape[0]
                     continue
                 tokens = self._shard(part.file).tokens
+                check_bos = part.file in self._check_window_bos
                 for start in starts[skip:].tolist():
-                    window = torch.from_numpy(
-                        tokens[start : start + self.seq_len + 1].astype(np.int64)
-                    )
+                    values = tokens[start : start + self.seq_len + 1]
+                    if check_bos and int(values[0]) != self.bos_token:
+                        raise DataFormatError(
+                            f"{self.files[part.file]}: its .bos.idx lists position {start}, "
+                            f"which holds token {int(values[0])}, not the BOS token "
+                            f"{self.bos_token}; rebuild the index"
+                        )
+                    window = torch.from_numpy(values.astype(np.int64))
                     self._consumed[reader] += 1
                     yield {"input_ids": window[:-1], "labels": window[1:]}
                 skip = 0
@@ -361,4 +441,32 @@ class NanogptDataset(IterableDataset):  # type: ignore[misc]
         state = self.__dict__.copy()
         state["_shards"] = {}
         state["_bos"] = {}
+        state["_check_window_bos"] = set()
         return state
+
+
+class _RemoteShard:
+    """A nanogpt shard in S3: ``tokens`` reads windows through the chunk cache, prefetching the
+    next chunks along the shard (readers walk their part of a shard in order)."""
+
+    def __init__(self, url: str, config: ObjectStorageConfig) -> None:
+        from tokenmill.storage.remote import RemoteArray, S3BinReader
+
+        reader = S3BinReader(url, config, client_for(config.retry))
+        raw = reader.cache.read(0, min(HEADER_BYTES, reader.size)) if reader.size else b""
+        self.header = parse_nanogpt_header(url, raw, reader.size)
+        self.reader = reader
+        self.tokens = RemoteArray(
+            reader,
+            self.header.dtype.newbyteorder("<"),
+            self.header.token_count,
+            HEADER_BYTES,
+            readahead_bytes=2 * config.bin_chunk_nbytes,
+        )
+
+    def __len__(self) -> int:
+        return self.header.token_count
+
+
+def _remote_glob(pattern: str, config: ObjectStorageConfig) -> list[str]:
+    return client_for(config.retry).glob(pattern)

@@ -49,6 +49,7 @@ __all__ = [
     "NanogptShard",
     "NanogptShardWriter",
     "is_nanogpt_shard",
+    "parse_nanogpt_header",
     "read_nanogpt_header",
     "write_nanogpt_shard",
 ]
@@ -129,6 +130,15 @@ def read_nanogpt_header(path: str | os.PathLike[str]) -> NanogptHeader:
     with open(path, "rb") as stream:
         raw = stream.read(HEADER_BYTES)
         size = os.fstat(stream.fileno()).st_size
+    return _parse_header(path, raw, size)
+
+
+def parse_nanogpt_header(path: str, raw: bytes, size: int) -> NanogptHeader:
+    """Check the first ``HEADER_BYTES`` of a shard (``raw``) against its size in bytes.
+
+    For shards that are not local files (an ``s3://`` object: one ranged read of the header and
+    a HEAD for the size). Raises what :func:`read_nanogpt_header` raises.
+    """
     return _parse_header(path, raw, size)
 
 

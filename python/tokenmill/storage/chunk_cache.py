@@ -178,10 +178,10 @@ class ChunkCache:
         owned: dict[int, Future[bytes]] = {}
         with self._lock:
             for index in range(first, last + 1):
-                data = self._chunks.get(index)
-                if data is not None:
+                cached = self._chunks.get(index)
+                if cached is not None:
                     self._chunks.move_to_end(index)
-                    have[index] = data
+                    have[index] = cached
                     self.stats.chunk_hits += 1
                 elif index in self._pending:
                     waiting[index] = self._pending[index]

@@ -18,7 +18,7 @@ from tokenmill.storage.chunk_cache import CacheStats, ChunkCache
 from tokenmill.storage.object_storage import ObjectStorageConfig
 from tokenmill.storage.s3 import S3Client, client_for
 
-__all__ = ["S3BinReader"]
+__all__ = ["RemoteArray", "S3BinReader"]
 
 
 class S3BinReader:
@@ -81,3 +81,74 @@ class S3BinReader:
 
     def __repr__(self) -> str:
         return f"S3BinReader({self.url!r}, size={self.size}, etag={self.etag})"
+
+
+class RemoteArray:
+    """A read-only 1-D token array stored in an S3 object from byte ``offset`` on.
+
+    Supports ``len()``, ``.dtype``, ``.shape`` and indexing by an integer or a step-1 slice, which
+    return numpy values read through the reader's chunk cache. Each slice read also announces the
+    next ``readahead_bytes`` to the prefetcher, for sequential consumers (nanogpt shards).
+
+    Args:
+        reader: the object's reader.
+        dtype: the token dtype (little-endian).
+        count: the number of tokens.
+        offset: the byte offset of token 0 (e.g. a 1 KiB header).
+        readahead_bytes: bytes after each slice to prefetch (0: none).
+
+    Raises:
+        ValueError: the tokens would extend past the object.
+    """
+
+    def __init__(
+        self,
+        reader: S3BinReader,
+        dtype: np.dtype[Any],
+        count: int,
+        offset: int,
+        readahead_bytes: int = 0,
+    ) -> None:
+        self.reader = reader
+        self.dtype = np.dtype(dtype)
+        self.count = count
+        self.offset = offset
+        self.readahead_bytes = readahead_bytes
+        end = offset + count * self.dtype.itemsize
+        if end > reader.size:
+            raise ValueError(
+                f"{reader.url}: {count} tokens of {self.dtype} from byte {offset} need {end} "
+                f"bytes, the object has {reader.size}"
+            )
+
+    @property
+    def shape(self) -> tuple[int]:
+        return (self.count,)
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __getitem__(self, key: int | slice) -> Any:
+        if isinstance(key, slice):
+            start, stop, step = key.indices(self.count)
+            if step != 1:
+                raise ValueError(f"{self.reader.url}: only step-1 slices are supported, got {step}")
+            stop = max(start, stop)
+            itemsize = self.dtype.itemsize
+            first = self.offset + start * itemsize
+            array: npt.NDArray[Any] = np.empty(stop - start, dtype=self.dtype)
+            self.reader.read_into(first, array.data.cast("B"))
+            if self.readahead_bytes:
+                after = self.offset + stop * itemsize
+                ahead = min(self.readahead_bytes, self.reader.size - after)
+                if ahead > 0:
+                    self.reader.prefetch([(after, ahead)])
+            return array
+        index = int(key)
+        if index < 0:
+            index += self.count
+        if not 0 <= index < self.count:
+            raise IndexError(
+                f"{self.reader.url}: token {int(key)} out of range for {self.count} tokens"
+            )
+        return self[index : index + 1][0]
