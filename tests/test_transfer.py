@@ -7,6 +7,7 @@ import hashlib
 import http.server
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -511,3 +512,103 @@ def test_cli_publish_download_s3(
     assert main(["download", url + "/manifest.json", str(tmp_path / "d")]) == 0
     assert "downloaded 4 objects" in capsys.readouterr().out
     assert (tmp_path / "d" / STATE_NAME).exists()
+
+
+# -- path_to_cache at a published cache -------------------------------------------------------
+
+
+def _trainer_config(path_to_cache: str) -> Any:
+    from tokenmill.datasets.gpt import GPTDatasetConfig
+
+    from conftest import TinyTokenizer
+
+    return GPTDatasetConfig(
+        random_seed=5,
+        sequence_length=31,
+        blend=(["data/shard0", "data/shard1"], [0.6, 0.4]),
+        split="90,8,2",
+        path_to_cache=path_to_cache,
+        reset_position_ids=False,
+        reset_attention_mask=False,
+        eod_mask_loss=False,
+        create_attention_mask=False,
+        mid_level_dataset_surplus=0.5,
+        tokenizer=TinyTokenizer(),
+    )
+
+
+@pytest.mark.parametrize("where", ["s3 manifest", "s3 prefix", "http manifest"])
+def test_trainer_starts_from_a_published_cache(
+    tmp_path: Path,
+    s3_bucket: Any,
+    http_root: _Server,
+    monkeypatch: pytest.MonkeyPatch,
+    where: str,
+) -> None:
+    from tokenmill.datasets.builder import BlendedMegatronDatasetBuilder
+    from tokenmill.datasets.cache_build import build_cache
+    from tokenmill.datasets.config_file import load_run_config
+    from tokenmill.datasets.gpt import GPTDataset
+    from tokenmill.index.cache import CacheSession, cache_session
+
+    sizes = [100, 10, 5]
+    builder_node, trainer_node = tmp_path / "builder", tmp_path / "trainer"
+    make_dataset(builder_node / "data", count=2)
+    shutil.rmtree(builder_node / "data" / "cache")  # (make_dataset's stand-in cache)
+    monkeypatch.chdir(builder_node)
+    (builder_node / "run.json").write_text(
+        json.dumps(
+            {
+                "random_seed": 5,
+                "sequence_length": 31,
+                "blend": [["data/shard0", "data/shard1"], [0.6, 0.4]],
+                "split": "90,8,2",
+                "path_to_cache": "cache",
+                "reset_position_ids": False,
+                "reset_attention_mask": False,
+                "eod_mask_loss": False,
+                "create_attention_mask": False,
+                "mid_level_dataset_surplus": 0.5,
+                "tokenizer": {
+                    "vocab_size": 1000,
+                    "eod": 0,
+                    "unique_identifiers": {"class": "TinyTokenizer", "vocab_size": 1000},
+                },
+            }
+        )
+    )
+    assert build_cache(load_run_config("run.json"), sizes, progress=False).built == 9
+    reference = BlendedMegatronDatasetBuilder(
+        GPTDataset, sizes, lambda: True, _trainer_config("cache")
+    ).build()
+    paths = ["data/shard0", "data/shard1", "cache"]
+    if where == "http manifest":
+        publish(paths, str(http_root.root), policy=FAST)
+        location = f"{http_root.url}/manifest.json"
+    else:
+        publish(paths, s3_bucket.url("run"), policy=FAST)
+        location = s3_bucket.url("run/manifest.json" if where == "s3 manifest" else "run/cache")
+
+    trainer_node.mkdir()
+    monkeypatch.chdir(trainer_node)
+    monkeypatch.setenv("TOKENMILL_CACHE_DIR", str(trainer_node / "node-local"))
+    manifest_url = location if location.endswith(".json") else s3_bucket.url("run/manifest.json")
+    download(
+        manifest_url, "data", keys=[f"shard{i}{s}" for i in range(2) for s in (".bin", ".idx")]
+    )
+    for attempt in range(2):  # the second construction finds the entries already on the node
+        session = CacheSession()
+        with cache_session(session):
+            datasets = BlendedMegatronDatasetBuilder(
+                GPTDataset, sizes, lambda: True, _trainer_config(location)
+            ).build()
+        assert len(session.events) == 9, attempt
+        assert [e.cache.base for e in session.events if e.built] == [], attempt
+        for ours, theirs in zip(datasets, reference):
+            assert len(ours) == len(theirs)
+            np.testing.assert_array_equal(ours.dataset_index, theirs.dataset_index)
+            for i in (0, len(theirs) - 1):
+                assert ours[i]["tokens"].tolist() == theirs[i]["tokens"].tolist()
+    local = Path(session.events[0].cache.directory)
+    assert local.parent == trainer_node / "node-local" / "remote-index-caches"
+    assert len([p for p in local.iterdir() if p.name.endswith("-description.txt")]) == 9

@@ -26,7 +26,7 @@ import os
 import threading
 from collections.abc import Iterator
 
-from tokenmill.storage.manifest import Manifest, ManifestObject, base_location
+from tokenmill.storage.manifest import Manifest, ManifestObject
 
 __all__ = ["fetch_cache_entry", "is_remote_cache", "local_cache_directory"]
 
@@ -72,7 +72,7 @@ def _manifest(location: str) -> tuple[Manifest, str]:
 
 
 def _entry_objects(location: str, base: str) -> list[ManifestObject]:
-    from tokenmill.storage.transfer import _join
+    from tokenmill.storage.transfer import join_location
 
     wanted = f"{base}-"
     if location.endswith(".json"):
@@ -82,7 +82,7 @@ def _entry_objects(location: str, base: str) -> list[ManifestObject]:
                 item.key.rsplit("/", 1)[-1],
                 item.size,
                 item.sha256,
-                item.url or _join(where, item.key),
+                item.url or join_location(where, item.key),
                 item.mtime_ns,
             )
             for item in manifest.objects

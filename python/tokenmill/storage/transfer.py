@@ -66,6 +66,7 @@ __all__ = [
     "TransferPolicy",
     "collect_files",
     "download",
+    "join_location",
     "load_manifest",
     "publish",
     "read_location",
@@ -141,7 +142,8 @@ def _is_http(location: str) -> bool:
     return location.startswith(("http://", "https://"))
 
 
-def _join(base: str, key: str) -> str:
+def join_location(base: str, key: str) -> str:
+    """`base/key` for an s3:// or http(s):// prefix, or a path below a local directory."""
     if _is_s3(base) or _is_http(base):
         return base.rstrip("/") + "/" + key
     return os.path.join(base, *key.split("/"))
@@ -445,13 +447,13 @@ def publish(
         ),
         dict(config) if config is not None else None,
     )
-    report = PublishReport(manifest, _join(destination, MANIFEST_NAME))
+    report = PublishReport(manifest, join_location(destination, MANIFEST_NAME))
     lock = threading.Lock()
     client = _s3_client() if _is_s3(destination) else None
 
     def send(item: tuple[str, str, int, str]) -> None:
         key, path, size, digest = item
-        target = _join(destination, key)
+        target = join_location(destination, key)
         sent = 0
         if client is not None:
             head = _s3_head(client, target)
@@ -709,7 +711,7 @@ class DownloadJob:
         return self.report
 
     def _source(self, item: ManifestObject) -> str:
-        return item.url if item.url is not None else _join(self.base, item.key)
+        return item.url if item.url is not None else join_location(self.base, item.key)
 
     def _one(self, item: ManifestObject) -> str:
         final = self.path(item.key)
