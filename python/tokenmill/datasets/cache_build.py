@@ -52,15 +52,16 @@ _RECORD_VERSION = 1
 
 
 def fingerprint_data(prefixes: Sequence[str]) -> dict[str, Any]:
-    """The data fingerprint of the run's datasets (`tokenmill.index.fingerprint`'s scheme, the
-    one each cache entry records beside itself: size, mtime and sampled sha256 per file).
+    """The data fingerprint of the run's local datasets (`tokenmill.index.fingerprint`'s scheme,
+    the one each cache entry records beside itself: size, mtime and sampled sha256 per file).
+    Object-storage prefixes are left out: their reads are pinned to an object version by ETag.
 
     Raises:
         FileNotFoundError: a data file is missing.
     """
     from tokenmill.index.fingerprint import fingerprint_prefixes
 
-    return fingerprint_prefixes(prefixes)
+    return fingerprint_prefixes(p for p in prefixes if not p.startswith(("s3://", "msc://")))
 
 
 @dataclass(frozen=True)
