@@ -410,3 +410,31 @@ def test_parse_sizes() -> None:
     assert parse_sizes([1, None, 2.0], "x") == (1, None, 2)
     with pytest.raises(ValueError, match="whole number"):
         parse_sizes([1.5, 1, 1], "x")
+
+
+def test_check_catches_a_wrong_dtype(
+    built: tuple[str, Path, list[str]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    config, cache, _ = built
+    victim = sorted(cache.glob("*-GPTDataset-valid-sample_index.npy"))[0]
+    np.save(victim, np.load(victim).astype(np.int64))
+    code, out = run_check(config, capsys)
+    assert code == 1 and f"{victim}: dtype int64 (expected int32)" in out
+
+
+def test_one_cache_session_at_a_time() -> None:
+    from tokenmill.index.cache import CacheSession, cache_session
+
+    outer = cache_session(CacheSession())
+    with outer, pytest.raises(RuntimeError, match="already active"), cache_session(CacheSession()):
+        pass
+    with cache_session(CacheSession()):  # released after the block
+        pass
+
+
+def test_build_cache_refuses_a_remote_cache_location(tmp_path: Path) -> None:
+    values = fields(["shard0"], tmp_path / "c")
+    values["path_to_cache"] = "s3://bucket/cache"
+    run = load_run_config(write_config(tmp_path / "run.json", values))
+    with pytest.raises(ValueError, match="is remote; build-cache writes a local directory"):
+        build_cache(run, SIZES, progress=False)
