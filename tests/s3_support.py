@@ -133,7 +133,12 @@ class FaultProxy:
                                 "content-length",
                             ):
                                 self.send_header(key, value)
-                        self.send_header("Content-Length", str(len(payload)))
+                        # a HEAD answer has no body but announces the object's length
+                        length = response.getheader("Content-Length", "0")
+                        self.send_header(
+                            "Content-Length",
+                            length if self.command == "HEAD" else str(len(payload)),
+                        )
                         self.end_headers()
                         if self.command != "HEAD":
                             self.wfile.write(payload)

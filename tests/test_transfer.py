@@ -612,3 +612,49 @@ def test_trainer_starts_from_a_published_cache(
     local = Path(session.events[0].cache.directory)
     assert local.parent == trainer_node / "node-local" / "remote-index-caches"
     assert len([p for p in local.iterdir() if p.name.endswith("-description.txt")]) == 9
+
+
+def test_s3_download_killed_midway_resumes(tmp_path: Path, s3_bucket: Any) -> None:
+    from s3_support import FaultProxy
+
+    prefixes = make_dataset(tmp_path / "data", count=2)
+    big = tmp_path / "data" / "zbig.bin"  # last in key order
+    big.write_bytes(os.urandom(6 << 20))
+    publish([*prefixes, str(big)], s3_bucket.url("k"), policy=TransferPolicy(part_bytes=5 << 20))
+    upstream = int(s3_bucket.service.endpoint.rsplit(":", 1)[1])
+    proxy = FaultProxy(upstream)
+    proxy.delay(10_000, 0.1)  # every request through the proxy waits 100 ms
+    local = tmp_path / "local"
+    try:
+        process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "tokenmill.cli.main",
+                "download",
+                s3_bucket.url("k/manifest.json"),
+                str(local),
+                "--workers",
+                "1",
+                "--part-size-mib",
+                "1",
+            ],
+            env={**os.environ, "AWS_ENDPOINT_URL": proxy.endpoint},
+        )
+        partial = local / ".zbig.bin.partial"
+        deadline = time.monotonic() + 60
+        while not (partial.exists() and partial.stat().st_size >= 1 << 20):
+            assert time.monotonic() < deadline and process.poll() is None
+            time.sleep(0.01)
+        process.send_signal(signal.SIGKILL)
+        process.wait()
+    finally:
+        proxy.close()
+    finished = sorted(p.name for p in local.iterdir() if not p.name.startswith("."))
+    assert finished == ["shard0.bin", "shard0.idx", "shard1.bin", "shard1.idx"]
+    have = partial.stat().st_size
+    assert 0 < have < big.stat().st_size
+    result = download(s3_bucket.url("k/manifest.json"), str(local), policy=FAST)
+    assert result.skipped == finished and result.fetched == ["zbig.bin"]
+    assert result.bytes_fetched == big.stat().st_size - have  # continued from the byte it had
+    assert (local / "zbig.bin").read_bytes() == big.read_bytes()
