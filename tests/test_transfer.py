@@ -394,6 +394,7 @@ def test_plain_http_shard_list(
     )
     captured = capsys.readouterr()
     assert "downloaded 1 objects" in captured.out
+    assert "[download] 1 fetched shard_00002.parquet" in captured.err
     assert "no sha256 to verify: shard_00002.parquet" in captured.err
     # a bad checksum in the list is caught
     listing.write_text(f"{http_root.url}/shard_00001.parquet {'0' * 64}\n")

@@ -37,20 +37,20 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument(
         "--part-size-mib", type=int, default=8, help="S3 ranged-read size in MiB (8)"
     )
-    parser.add_argument("--quiet", action="store_true", help="no summary line")
+    parser.add_argument("--quiet", action="store_true", help="no progress or summary lines")
     parser.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from tokenmill.errors import TokenmillError
-    from tokenmill.storage.manifest import parse_shard_list
+    from tokenmill.storage.manifest import Manifest, parse_shard_list
     from tokenmill.storage.transfer import TransferPolicy, download
 
     try:
         if args.url:
             if len(args.arguments) != 1:
                 raise ValueError("with --url, give only LOCAL_DIR")
-            source: object = parse_shard_list(args.url, "--url")
+            source: str | Manifest = parse_shard_list(args.url, "--url")
             local_dir = args.arguments[0]
         else:
             if len(args.arguments) != 2:
@@ -59,7 +59,14 @@ def run(args: argparse.Namespace) -> int:
         policy = TransferPolicy(
             workers=args.workers, max_attempts=args.retries, part_bytes=args.part_size_mib << 20
         )
-        report = download(source, local_dir, policy=policy)  # type: ignore[arg-type]
+        done = [0]
+
+        def progress(key: str, what: str) -> None:
+            done[0] += 1
+            if not args.quiet:
+                print(f"[download] {done[0]} {what} {key}", file=sys.stderr, flush=True)
+
+        report = download(source, local_dir, policy=policy, progress=progress)
     except (OSError, ValueError, TokenmillError, ImportError) as error:
         print(f"tokenmill download: error: {error}", file=sys.stderr)
         return 2

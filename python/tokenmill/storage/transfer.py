@@ -651,9 +651,15 @@ class DownloadJob:
     """A download running on background threads (see `start_download`)."""
 
     def __init__(
-        self, manifest: Manifest, base: str, local_dir: str, policy: TransferPolicy
+        self,
+        manifest: Manifest,
+        base: str,
+        local_dir: str,
+        policy: TransferPolicy,
+        progress: Callable[[str, str], None] | None = None,
     ) -> None:
         self.manifest = manifest
+        self.progress = progress
         self.base = base
         self.local_dir = local_dir
         self.policy = policy
@@ -719,6 +725,8 @@ class DownloadJob:
         if self._already_there(item, final):
             with self._lock:
                 self.report.skipped.append(item.key)
+            if self.progress is not None:
+                self.progress(item.key, "present")
             return final
         partial = _partial_path(final)
         source = self._source(item)
@@ -749,6 +757,8 @@ class DownloadJob:
             self.report.fetched.append(item.key)
             if item.sha256 is None:
                 self.report.unverified.append(item.key)
+        if self.progress is not None:
+            self.progress(item.key, "fetched")
         return final
 
     def _already_there(self, item: ManifestObject, final: str) -> bool:
@@ -784,6 +794,7 @@ def start_download(
     base: str | None = None,
     policy: TransferPolicy | None = None,
     keys: Iterable[str] | None = None,
+    progress: Callable[[str, str], None] | None = None,
 ) -> DownloadJob:
     """Start downloading in the background; returns at once.
 
@@ -793,6 +804,7 @@ def start_download(
         local_dir: where objects land, under their keys.
         policy: workers, retries, part size.
         keys: only these objects (default: all).
+        progress: called from the worker threads with (key, "fetched" | "present").
 
     Raises:
         FileNotFoundError / ValueError: the manifest is missing or invalid; KeyError: an
@@ -807,7 +819,7 @@ def start_download(
         manifest, where = load_manifest(source, policy)
     if keys is not None:
         manifest = Manifest(tuple(manifest.find(key) for key in keys), manifest.config)
-    return DownloadJob(manifest, where, os.fspath(local_dir), policy)
+    return DownloadJob(manifest, where, os.fspath(local_dir), policy, progress)
 
 
 def download(
@@ -817,6 +829,7 @@ def download(
     base: str | None = None,
     policy: TransferPolicy | None = None,
     keys: Iterable[str] | None = None,
+    progress: Callable[[str, str], None] | None = None,
 ) -> DownloadReport:
     """Download every object (see `start_download`) and wait for all of them.
 
@@ -825,4 +838,5 @@ def download(
         ObjectStorageError: a transfer failed after its retries.
         FileNotFoundError: the manifest or an object is missing.
     """
-    return start_download(source, local_dir, base=base, policy=policy, keys=keys).result()
+    job = start_download(source, local_dir, base=base, policy=policy, keys=keys, progress=progress)
+    return job.result()
