@@ -194,9 +194,10 @@ def _refuse_object_storage(path_prefix: str) -> None:
 def _check_non_decreasing(values: npt.NDArray[numpy.int64], path: str, field: str) -> None:
     for start in range(0, values.shape[0] - 1, _MONOTONIC_CHECK_CHUNK):
         chunk = values[start : start + _MONOTONIC_CHECK_CHUNK + 1]
-        steps = numpy.diff(chunk)
-        if steps.shape[0] and int(steps.min()) < 0:
-            position = start + int(numpy.argmax(steps < 0))
+        # neighbour comparison, not numpy.diff: an int64 difference can wrap around
+        decreasing = chunk[1:] < chunk[:-1]
+        if decreasing.any():
+            position = start + int(numpy.argmax(decreasing))
             raise DataFormatError(
                 f"{path}: {field} must be non-decreasing, but {field}[{position}] = "
                 f"{int(values[position])} > {field}[{position + 1}] = {int(values[position + 1])}"

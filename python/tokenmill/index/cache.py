@@ -34,8 +34,9 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from tokenmill.errors import CacheError, StaleCacheError
+from tokenmill.errors import CacheError, DataFormatError, StaleCacheError
 from tokenmill.formats._atomic import AtomicFile
+from tokenmill.formats.npy import load_npy
 from tokenmill.index import fingerprint as data_fingerprint
 
 logger = logging.getLogger(__name__)
@@ -80,18 +81,6 @@ def atomic_save_npy(path: Path, array: npt.NDArray[Any]) -> None:
         target.commit()
     finally:
         target.abort()  # no-op after commit
-
-
-def _load_npy(path: Path) -> npt.NDArray[Any]:
-    array: npt.NDArray[Any]
-    try:
-        array = np.load(path, mmap_mode="r", allow_pickle=False)
-    except ValueError:
-        # numpy cannot map an empty array; such files are tiny, so read them instead.
-        if path.stat().st_size > 4096:
-            raise
-        array = np.load(path, allow_pickle=False)
-    return array
 
 
 @dataclass(frozen=True)
@@ -169,11 +158,11 @@ class IndexCache:
         for name in self.array_names:
             path = self.array_path(name)
             try:
-                array = _load_npy(path)
+                array = load_npy(path)
             except FileNotFoundError:
                 problems.append(f"{path}: missing")
                 continue
-            except (OSError, ValueError, EOFError) as error:
+            except (OSError, DataFormatError) as error:
                 problems.append(f"{path}: unreadable or truncated ({error})")
                 continue
             spec = specs.get(name) if specs else None
