@@ -1064,7 +1064,8 @@ class IndexedDatasetBuilder:
             self._sequence_modes.extend(index.sequence_modes)
 
     def finalize(self, idx_path: str) -> None:
-        """Move the ``.bin`` into place and write the ``.idx``, each via a temporary file.
+        """Write the ``.idx`` to a temporary file, then move the ``.bin`` and the ``.idx`` into
+        place (an existing ``.idx`` is removed first, so a crash never pairs old and new files).
 
         Args:
             idx_path: where the ``.idx`` goes (megatron's tools use ``prefix + ".idx"``).
@@ -1084,7 +1085,6 @@ class IndexedDatasetBuilder:
             )
         self._data_file.close()
         self._finalized = True
-        os.replace(self._temporary_bin_path, self.bin_path)
 
         pointers = numpy.empty(lengths.shape[0], dtype="<i8")
         if lengths.shape[0]:
@@ -1110,9 +1110,15 @@ class IndexedDatasetBuilder:
                     if part.shape[0]:
                         stream.write(numpy.ascontiguousarray(part).data.cast("B"))
             os.chmod(temporary, default_file_mode())
+            # Both files are complete under temporary names. A stale .idx must never pair with
+            # the new .bin: remove it, then rename the .bin, then the .idx. A crash in between
+            # leaves a prefix without .idx (FileNotFoundError), never a mismatched pair.
+            _remove_quietly(idx_path)
+            os.replace(self._temporary_bin_path, self.bin_path)
             os.replace(temporary, idx_path)
         except BaseException:
             _remove_quietly(temporary)
+            _remove_quietly(self._temporary_bin_path)
             raise
 
     def __del__(self) -> None:

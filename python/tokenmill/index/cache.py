@@ -7,7 +7,8 @@ index array, written with ``numpy.save``.
 Beyond megatron-core:
 
 * every file is written to a temporary name in the same directory and renamed into place; the
-  description is renamed last, so a crash leaves no description and the next run sees a miss;
+  description is renamed last, so a crash leaves no description and the next run sees a miss
+  (and removes the killed writer's temporary files);
 * writers hold an exclusive ``fcntl`` lock on ``<base>.lock`` and re-check for a hit once they
   have it, so two jobs sharing a directory build once and never interleave writes;
 * a hit requires the description to match byte for byte and each array to have the dtype and
@@ -183,6 +184,13 @@ class IndexCache:
             finally:
                 fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
 
+    def _remove_leftovers(self) -> None:
+        """Delete temporary files of this entry left by a killed writer (call under the lock:
+        every live writer of the entry holds it, so any temporary file found is abandoned)."""
+        for path in self.directory.glob(f".{self.base}-*.tmp"):
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+
     def save(
         self,
         arrays: Mapping[str, npt.NDArray[Any]],
@@ -255,8 +263,10 @@ class IndexCache:
                 )
                 arrays, problems = None, stale
             elif arrays is not None and may_build and not self.fingerprint_path.is_file():
-                # adopt an entry megatron-core (or an older tokenmill) wrote over this data
-                data_fingerprint.write_fingerprint(self.fingerprint_path, current)
+                # adopt an entry megatron-core (or an older tokenmill) wrote over this data;
+                # best effort: a concurrent builder may clean our temporary file away
+                with contextlib.suppress(OSError):
+                    data_fingerprint.write_fingerprint(self.fingerprint_path, current)
         if arrays is not None:
             return arrays, False
         if not may_build:
@@ -270,6 +280,7 @@ class IndexCache:
             arrays, problems = self.load(specs, check_description=not trust_presence)
             if arrays is not None and not (checking and self.stale_reasons(data_prefixes)[0]):
                 return arrays, False
+            self._remove_leftovers()
             # fingerprint before building: data changing during the build is then seen as stale
             fingerprint = data_fingerprint.fingerprint_prefixes(data_prefixes) if checking else None
             built = dict(build())
