@@ -119,7 +119,7 @@ def test_killed_cache_build_leaves_a_miss_and_the_next_run_completes(
         assert all(name.endswith((".npy", "-data.tokenmill.json")) for name in visible(cache))
     # a rank that does not build reports the miss instead of using partial arrays
     monkeypatch.setattr("tokenmill.datasets.gpt.is_cache_builder", lambda scope: False)
-    with pytest.raises(CacheError, match="description.txt: missing"):
+    with pytest.raises(CacheError, match=r"description\.txt: missing"):
         build(shard, make_config(cache))
     monkeypatch.undo()
 
