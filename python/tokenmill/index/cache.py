@@ -7,7 +7,8 @@ index array, written with ``numpy.save``.
 Beyond megatron-core:
 
 * every file is written to a temporary name in the same directory and renamed into place; the
-  description is renamed last, so a crash leaves no description and the next run sees a miss;
+  description is renamed last, so a crash leaves no description and the next run sees a miss
+  (and removes the killed writer's temporary files);
 * writers hold an exclusive ``fcntl`` lock on ``<base>.lock`` and re-check for a hit once they
   have it, so two jobs sharing a directory build once and never interleave writes;
 * a hit requires the description to match byte for byte and each array to have the dtype and
@@ -41,8 +42,9 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from tokenmill.errors import CacheError, StaleCacheError
+from tokenmill.errors import CacheError, DataFormatError, StaleCacheError
 from tokenmill.formats._atomic import AtomicFile
+from tokenmill.formats.npy import load_npy
 from tokenmill.index import fingerprint as data_fingerprint
 from tokenmill.storage.remote_cache import is_remote_cache
 
@@ -96,18 +98,6 @@ def atomic_save_npy(path: Path, array: npt.NDArray[Any]) -> None:
         target.commit()
     finally:
         target.abort()  # no-op after commit
-
-
-def _load_npy(path: Path) -> npt.NDArray[Any]:
-    array: npt.NDArray[Any]
-    try:
-        array = np.load(path, mmap_mode="r", allow_pickle=False)
-    except ValueError:
-        # numpy cannot map an empty array; such files are tiny, so read them instead.
-        if path.stat().st_size > 4096:
-            raise
-        array = np.load(path, allow_pickle=False)
-    return array
 
 
 @dataclass(frozen=True)
@@ -251,11 +241,11 @@ class IndexCache:
         for name in self.array_names:
             path = self.array_path(name)
             try:
-                array = _load_npy(path)
+                array = load_npy(path)
             except FileNotFoundError:
                 problems.append(f"{path}: missing")
                 continue
-            except (OSError, ValueError, EOFError) as error:
+            except (OSError, DataFormatError) as error:
                 problems.append(f"{path}: unreadable or truncated ({error})")
                 continue
             spec = specs.get(name) if specs else None
@@ -275,6 +265,13 @@ class IndexCache:
                 yield
             finally:
                 fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+
+    def _remove_leftovers(self) -> None:
+        """Delete temporary files of this entry left by a killed writer (call under the lock:
+        every live writer of the entry holds it, so any temporary file found is abandoned)."""
+        for path in self.directory.glob(f".{self.base}-*.tmp"):
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
 
     def save(
         self,
@@ -362,8 +359,10 @@ class IndexCache:
                 and not check_only
                 and not self.fingerprint_path.is_file()
             ):
-                # adopt an entry megatron-core (or an older tokenmill) wrote over this data
-                data_fingerprint.write_fingerprint(self.fingerprint_path, current)
+                # adopt an entry megatron-core (or an older tokenmill) wrote over this data;
+                # best effort: a concurrent builder may clean our temporary file away
+                with contextlib.suppress(OSError):
+                    data_fingerprint.write_fingerprint(self.fingerprint_path, current)
         if arrays is not None:
             if session is not None:
                 session.record(CacheEvent(self, False, False, (), time.perf_counter() - started))
@@ -389,6 +388,7 @@ class IndexCache:
                         CacheEvent(self, False, False, (), time.perf_counter() - started)
                     )
                 return arrays, False
+            self._remove_leftovers()
             # fingerprint before building: data changing during the build is then seen as stale
             fingerprint = data_fingerprint.fingerprint_prefixes(data_prefixes) if checking else None
             built = dict(build())
