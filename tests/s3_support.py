@@ -126,19 +126,15 @@ class FaultProxy:
                     payload = response.read()
                     try:
                         self.send_response(response.status)
+                        dropped = ("transfer-encoding", "connection", "content-length")
                         for key, value in response.getheaders():
-                            if key.lower() not in (
-                                "transfer-encoding",
-                                "connection",
-                                "content-length",
-                            ):
+                            if key.lower() not in dropped:
                                 self.send_header(key, value)
-                        # a HEAD answer has no body but announces the object's length
-                        length = response.getheader("Content-Length", "0")
-                        self.send_header(
-                            "Content-Length",
-                            length if self.command == "HEAD" else str(len(payload)),
-                        )
+                        # a HEAD answer carries the object's length, not its (empty) body's
+                        length = response.getheader("Content-Length")
+                        if self.command != "HEAD" or length is None:
+                            length = str(len(payload))
+                        self.send_header("Content-Length", length)
                         self.end_headers()
                         if self.command != "HEAD":
                             self.wfile.write(payload)
@@ -152,7 +148,9 @@ class FaultProxy:
         self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self._server.daemon_threads = True
         self.port = self._server.server_address[1]
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, args=(0.05,), daemon=True
+        )
         self._thread.start()
 
     @property

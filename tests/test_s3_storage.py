@@ -459,3 +459,34 @@ def test_indexed_dataset_detects_replaced_bin(
     s3_bucket.put("datasets/corpus.bin", bytes(data))
     with pytest.raises(ObjectChangedError, match=r"corpus\.bin changed on the server"):
         remote[1]
+
+
+def _read_in_child(remote: IndexedDataset, local_prefix: str) -> None:
+    local = IndexedDataset(local_prefix)
+    for i in range(0, len(local), 7):
+        if not np.array_equal(remote[i], local[i]):
+            os._exit(3)
+    os._exit(0)
+
+
+def test_forked_child_reads_with_its_own_client_and_cache(
+    s3_shard: tuple[str, str], tmp_path: Path
+) -> None:
+    import multiprocessing
+    import warnings
+
+    local_prefix, remote_prefix = s3_shard
+    config = ObjectStorageConfig(
+        str(tmp_path / "cache"), bin_chunk_nbytes=512, bin_cache_nbytes=4096
+    )
+    remote = IndexedDataset(remote_prefix, object_storage_config=config)
+    remote[0]  # the parent has a boto3 client, cached chunks and (after prefetch) threads
+    remote.bin_reader.prefetch([(0, 4096)])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # 3.12+: fork with threads
+        child = multiprocessing.get_context("fork").Process(
+            target=_read_in_child, args=(remote, local_prefix)
+        )
+        child.start()
+    child.join(60)
+    assert child.exitcode == 0

@@ -51,6 +51,8 @@ _EXPORTS: dict[str, str] = {
     "start_download": "tokenmill.storage.transfer",
     "Manifest": "tokenmill.storage.manifest",
     "ChecksumError": "tokenmill.errors",
+    "ObjectStorageConfig": "tokenmill.storage.object_storage",
+    "ObjectStorageError": "tokenmill.errors",
     "TokenmillError": "tokenmill.errors",
     "DataFormatError": "tokenmill.errors",
     "CacheError": "tokenmill.errors",
@@ -95,6 +97,8 @@ __all__ = [  # noqa: RUF022 - grouped like _EXPORTS
     "start_download",
     "Manifest",
     "ChecksumError",
+    "ObjectStorageConfig",
+    "ObjectStorageError",
     "PerformanceWarning",
     "TokenmillError",
     "DataFormatError",
@@ -123,6 +127,7 @@ if TYPE_CHECKING:
         CacheError,
         ChecksumError,
         DataFormatError,
+        ObjectStorageError,
         PerformanceWarning,
         StaleCacheError,
         TokenmillError,
@@ -134,6 +139,7 @@ if TYPE_CHECKING:
     from tokenmill.index.token_scan import find_token_positions
     from tokenmill.loading.world import World
     from tokenmill.storage.manifest import Manifest
+    from tokenmill.storage.object_storage import ObjectStorageConfig
     from tokenmill.storage.transfer import download, publish, start_download
 
 

@@ -11,6 +11,10 @@ has no uint32 code); ``nanogpt`` writes ``DST/<shard>.bin`` (uint16 with modded-
 or uint32 with NeMo's) plus ``.bos.idx`` when BOS positions are known; ``npy`` writes
 ``DST/<shard>.npy`` in the source dtype. A nanogpt shard holds at most 2**31 - 1 tokens; larger
 sources are split into ``<shard>_000000.bin``, ``<shard>_000001.bin``, ...
+
+SRC and DST may be ``s3://`` URLs: a source is fetched once into the local object cache (a
+conversion reads every token anyway), an output is written to a local staging path and uploaded
+(data first, indices last; see ``tokenmill.storage.staging``).
 """
 
 from __future__ import annotations
@@ -25,6 +29,8 @@ examples:
   tokenmill convert data/corpus_text_document out/nanogpt --to nanogpt --bos-token 50256
   tokenmill convert out/nanogpt out/corpus --to megatron
   tokenmill convert data/fineweb_train_000001.bin out/npy --to npy
+  tokenmill convert s3://bucket/corpus_text_document s3://bucket/nanogpt --to nanogpt \\
+      --bos-token 50256
 """
 
 
@@ -70,10 +76,44 @@ class Progress:
 
 
 def run(args: argparse.Namespace) -> int:
-    from tokenmill.errors import DataFormatError
+    from tokenmill.errors import DataFormatError, ObjectStorageError
+
+    try:
+        if not args.dst.startswith("s3://"):
+            return _convert(args)
+        # write into a local staging path, then upload (tokenmill.storage.staging)
+        from tokenmill.storage.staging import (
+            remove_staged_prefix,
+            staged_path,
+            upload_directory,
+            upload_prefix,
+        )
+
+        target = args.dst
+        args.dst = staged_path(target)
+        remove_staged_prefix(args.dst)  # leftovers of a killed run are not this run's output
+        status = _convert(args)
+        if status == 0:
+            if args.to == "megatron":
+                upload_prefix(args.dst, target)
+            else:
+                upload_directory(args.dst, target)
+        remove_staged_prefix(args.dst)
+        return status
+    except (DataFormatError, ObjectStorageError, FileNotFoundError, ValueError) as error:
+        print(f"\ntokenmill convert: error: {error}", file=sys.stderr)
+        return 1
+
+
+def _convert(args: argparse.Namespace) -> int:
+    from tokenmill.errors import DataFormatError, ObjectStorageError
     from tokenmill.formats.sources import open_source
 
     try:
+        if args.src.startswith("s3://"):
+            from tokenmill.storage.staging import fetch_source
+
+            args.src = fetch_source(args.src)  # a full pass reads everything: fetch it once
         source = open_source(args.src, args.dtype if args.to != "megatron" else None)
         progress = Progress(source.token_count, args.quiet)
         if args.to == "megatron":
@@ -83,7 +123,15 @@ def run(args: argparse.Namespace) -> int:
         else:
             _to_npy(source, args, progress)
         progress.close()
-    except (DataFormatError, OverflowError, FileNotFoundError, ValueError, TypeError) as error:
+    except (
+        DataFormatError,
+        ObjectStorageError,
+        OverflowError,
+        FileNotFoundError,
+        PermissionError,
+        ValueError,
+        TypeError,
+    ) as error:
         print(f"\ntokenmill convert: error: {error}", file=sys.stderr)
         return 1
     return 0

@@ -5,7 +5,7 @@ percentiles and the first tokens, and runs the integrity checks (header against 
 ``.bos.idx`` sorted, in range, complete and pointing at one token id, Megatron's document index,
 documents ending with ``--eos-token``). Exits 1 when a check fails, 2 on a usage error.
 ``--json`` prints one JSON object; ``--plot FILE.png`` draws the document-length histogram
-(needs matplotlib).
+(needs matplotlib). An ``s3://`` path is fetched once into the local object cache first.
 """
 
 from __future__ import annotations
@@ -186,8 +186,13 @@ def run(args: argparse.Namespace) -> int:
             )
             return 2
     try:
-        report, lengths = inspect_path(args.path, args.bos_token, args.eos_token, args.dtype)
-    except FileNotFoundError as error:
+        path = args.path
+        if path.startswith("s3://"):
+            from tokenmill.storage.staging import fetch_source
+
+            path = fetch_source(path)  # every check reads every token: fetch the objects once
+        report, lengths = inspect_path(path, args.bos_token, args.eos_token, args.dtype)
+    except (FileNotFoundError, PermissionError) as error:
         print(f"tokenmill inspect: error: {error}", file=sys.stderr)
         return 2
     if args.packing:

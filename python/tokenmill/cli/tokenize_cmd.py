@@ -40,7 +40,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("inputs", nargs="+", help="files, globs ('**' recurses) or directories")
-    parser.add_argument("--output", "-o", required=True, help="output prefix (no .bin/.idx)")
+    parser.add_argument(
+        "--output",
+        "-o",
+        required=True,
+        help="output prefix (no .bin/.idx); s3://bucket/key is staged locally, then uploaded",
+    )
     parser.add_argument(
         "--tokenizer",
         default="bytes",

@@ -437,17 +437,22 @@ class GPTDataset(MegatronDataset):
                     ranges.append((start, (stop - first) * itemsize))
         return ranges
 
-    def _prefetch(self, indices: Any) -> None:
-        """Start fetching the chunks of samples `indices` (object-storage datasets only)."""
+    def prefetch(self, indices: Any) -> None:
+        """Start fetching the data of samples `indices` in the background (object-storage
+        datasets; a no-op for local ones). A sampler that knows its future indices may call it;
+        `__getitem__` and `get_batch` already announce what they predict."""
         reader = getattr(self.dataset, "bin_reader", None)
-        if reader is None or self.shuffle_index is None:
+        if reader is None:
             return
+        if self.shuffle_index is None:
+            self._load_deferred()
         reader.prefetch(self._sample_byte_ranges(indices))
 
     def _prefetch_ahead(self, idx: int) -> None:
-        """Around `idx`, announce the next `prefetch_samples` samples in index order (the known
-        shuffle order: samplers walk it forward). Re-announced every quarter window; the chunk
-        cache skips chunks it holds or is fetching, and takes at most half its budget ahead."""
+        """After `idx`, announce the next `prefetch_samples` samples this process will read,
+        predicted from the indices it has read (`datasets.prefetch.OrderPredictor`: consecutive,
+        or runs of a data-parallel rank's micro-batches); re-announced every quarter window. The
+        chunk cache skips chunks it holds or is fetching and takes at most half its budget."""
         reader = getattr(self.dataset, "bin_reader", None)
         if reader is None or self.shuffle_index is None:
             return
@@ -455,12 +460,18 @@ class GPTDataset(MegatronDataset):
         count = int(self.shuffle_index.shape[0])
         if depth <= 0 or not -count <= idx < count:
             return
-        idx %= count
-        last = self.__dict__.get("_prefetch_last")
-        if last is not None and last <= idx < last + max(1, depth // 4):
+        from tokenmill.datasets.prefetch import OrderPredictor
+
+        predictor = self.__dict__.get("_order_predictor")
+        if predictor is None:
+            predictor = self._order_predictor = OrderPredictor()
+        predictor.observe(idx % count)
+        since = self.__dict__.get("_prefetch_since", depth)
+        if since < max(1, depth // 4):
+            self._prefetch_since = since + 1
             return
-        self._prefetch_last = idx
-        self._prefetch(range(idx + 1, min(count, idx + 1 + depth)))
+        self._prefetch_since = 1
+        self.prefetch(predictor.predict(depth, count))
 
     def _getitem_python(self, idx: int | None) -> dict[str, torch.Tensor]:
         """The sample at `idx` by per-document reads through `self.dataset.get` (any dataset)."""
@@ -576,7 +587,7 @@ class GPTDataset(MegatronDataset):
         index_array, padding = as_index_array(indices)
         server = self._serving()
         if server is None:
-            self._prefetch(index_array.tolist())  # object storage: the batch's chunks in parallel
+            self.prefetch(index_array.tolist())  # object storage: the batch's chunks in parallel
             pads = padding.tolist() if padding is not None else [False] * index_array.shape[0]
             samples = [
                 self._getitem_python(None if pad else index)

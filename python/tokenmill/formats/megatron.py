@@ -28,6 +28,11 @@ Cost: opening maps the ``.idx`` and takes zero-copy views (O(1)), plus one vecto
 overhead); with ``mmap=False`` it is one ``os.preadv`` into a fresh array. The builder keeps lengths
 and boundaries in growable numpy buffers, computes pointers with one cumulative sum at finalize
 (10 M sequences in well under a second) and merges other shards with ``os.copy_file_range``.
+
+Object storage: an ``s3://`` prefix (with ``object_storage_config``) opens the ``.idx`` from a
+local cache (downloaded once per node and object version) and reads the ``.bin`` with ranged
+GETs through an LRU of aligned chunks (``tokenmill.storage``); an item then costs a copy out of
+cached chunks, or one request per run of missing chunks.
 """
 
 from __future__ import annotations

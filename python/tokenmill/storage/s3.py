@@ -48,6 +48,7 @@ import os
 import random
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -329,6 +330,14 @@ class S3Client:
         self._boto: Any = None
         self._boto_pid = -1
         self._random = random.Random()
+        _live_clients.add(self)
+
+    def _after_fork_in_child(self) -> None:
+        # a lock held by a parent thread at fork time would never be released in the child
+        self._lock = threading.Lock()
+        self.stats._lock = threading.Lock()
+        self._boto = None
+        self._random = random.Random()
 
     # -- plumbing --------------------------------------------------------------------------
 
@@ -593,6 +602,20 @@ class S3Client:
 def _list_page(client: Any, arguments: dict[str, Any]) -> dict[str, Any]:
     page: dict[str, Any] = client.list_objects_v2(**arguments)
     return page
+
+
+_live_clients: weakref.WeakSet[S3Client] = weakref.WeakSet()
+
+
+def _reinitialize_after_fork() -> None:
+    global _default_lock
+    _default_lock = threading.Lock()
+    for client in list(_live_clients):
+        client._after_fork_in_child()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_reinitialize_after_fork)
 
 
 def _as_url(url: str | S3Url | os.PathLike[str]) -> S3Url:

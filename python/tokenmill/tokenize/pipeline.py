@@ -316,7 +316,8 @@ class TokenizeConfig:
 
     Args:
         inputs: files, globs or directories.
-        output_prefix: the output dataset path without ``.bin``/``.idx``.
+        output_prefix: the output dataset path without ``.bin``/``.idx``; an ``s3://`` prefix is
+            written to a local staging path and uploaded (``tokenmill.storage.staging``).
         tokenizer: which tokenizer to run.
         read: how to read documents (keys, columns, txt mode, chunk size).
         prepend_bos: put the BOS id before every document.
@@ -483,6 +484,29 @@ def write_nanogpt_output(megatron_prefix: str, output_prefix: str, bos_id: int) 
     return paths
 
 
+def _tokenize_to_object_storage(config: TokenizeConfig) -> TokenizeResult:
+    """An ``s3://`` output prefix: tokenize into the staging path, then upload (see
+    ``tokenmill.storage.staging``); a rerun after a kill resumes from the staged parts."""
+    import dataclasses
+
+    from tokenmill.storage.object_storage import require_s3
+    from tokenmill.storage.staging import remove_staged_prefix, staged_path, upload_prefix
+
+    require_s3(config.output_prefix)
+    if config.world_size != 1:
+        raise ValueError(
+            f"an s3:// output ({config.output_prefix}) needs world_size 1 (got "
+            f"{config.world_size}): with several machines, tokenize to a shared filesystem, run "
+            "`tokenmill merge` there, and upload the result"
+        )
+    local = staged_path(config.output_prefix)
+    result = tokenize(dataclasses.replace(config, output_prefix=local))
+    upload_prefix(local, config.output_prefix)
+    if not config.keep_parts:
+        remove_staged_prefix(local)
+    return dataclasses.replace(result, output_prefix=config.output_prefix)
+
+
 def tokenize(config: TokenizeConfig) -> TokenizeResult:
     """Tokenize text files into a Megatron ``.bin/.idx`` dataset (see the module docstring).
 
@@ -497,6 +521,8 @@ def tokenize(config: TokenizeConfig) -> TokenizeResult:
         DataFormatError: an input is malformed (names the file, line and field).
         ValueError: the tokenizer lacks a BOS/EOD id that the options need.
     """
+    if config.output_prefix.startswith(("s3://", "msc://")):
+        return _tokenize_to_object_storage(config)
     _check_output_format(config.output_format)
     if config.output_format == "nanogpt" and not config.prepend_bos:
         raise ValueError(
