@@ -659,3 +659,21 @@ def test_s3_download_killed_midway_resumes(tmp_path: Path, s3_bucket: Any) -> No
     assert result.skipped == finished and result.fetched == ["zbig.bin"]
     assert result.bytes_fetched == big.stat().st_size - have  # continued from the byte it had
     assert (local / "zbig.bin").read_bytes() == big.read_bytes()
+
+
+def test_remote_cache_locations(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tokenmill.storage.remote_cache import (
+        fetch_cache_entry,
+        is_remote_cache,
+        local_cache_directory,
+    )
+
+    assert is_remote_cache("s3://bucket/cache") and is_remote_cache("https://h/run/manifest.json")
+    assert is_remote_cache(str(tmp_path / "manifest.json"))
+    (tmp_path / "odd.json").mkdir()
+    assert not is_remote_cache(str(tmp_path / "odd.json")) and not is_remote_cache(str(tmp_path))
+    monkeypatch.setenv("TOKENMILL_CACHE_DIR", str(tmp_path / "node"))
+    assert local_cache_directory("s3://a/b") != local_cache_directory("s3://a/c")
+    assert local_cache_directory("s3://a/b").startswith(str(tmp_path / "node"))
+    with pytest.raises(ValueError, match=r"an http\(s\) cache location must be a manifest"):
+        fetch_cache_entry("https://h/cache", "abc-GPTDataset-train")

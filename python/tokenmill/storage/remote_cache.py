@@ -36,7 +36,9 @@ _manifests_lock = threading.Lock()
 
 def is_remote_cache(location: str) -> bool:
     """Whether `path_to_cache` names a manifest or an object-storage prefix."""
-    return location.startswith(("s3://", "http://", "https://")) or location.endswith(".json")
+    if location.startswith(("s3://", "http://", "https://")):
+        return True
+    return location.endswith(".json") and not os.path.isdir(location)
 
 
 def local_cache_directory(location: str) -> str:

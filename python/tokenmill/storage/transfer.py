@@ -439,20 +439,18 @@ def publish(
         )
     started = time.perf_counter()
     files = collect_files(paths)
-    hashed = [(key, path, os.path.getsize(path), sha256_file(path)) for key, path in files]
-    manifest = Manifest(
-        tuple(
-            ManifestObject(key, size, digest, None, os.stat(path).st_mtime_ns)
-            for key, path, size, digest in hashed
-        ),
-        dict(config) if config is not None else None,
-    )
-    report = PublishReport(manifest, join_location(destination, MANIFEST_NAME))
+    objects: dict[str, ManifestObject] = {}
+    report = PublishReport(Manifest(()), join_location(destination, MANIFEST_NAME))
     lock = threading.Lock()
     client = _s3_client() if _is_s3(destination) else None
 
-    def send(item: tuple[str, str, int, str]) -> None:
-        key, path, size, digest = item
+    def send(item: tuple[str, str]) -> None:
+        key, path = item
+        # hashed here, on the worker threads: hashing dominates a publish that skips objects
+        status = os.stat(path)
+        size, digest = status.st_size, sha256_file(path)
+        with lock:
+            objects[key] = ManifestObject(key, size, digest, None, status.st_mtime_ns)
         target = join_location(destination, key)
         sent = 0
         if client is not None:
@@ -483,8 +481,12 @@ def publish(
             progress(key, "skipped" if present else "uploaded")
 
     with ThreadPoolExecutor(max_workers=policy.workers) as executor:
-        for future in [executor.submit(send, item) for item in hashed]:
+        for future in [executor.submit(send, item) for item in files]:
             future.result()
+    manifest = Manifest(
+        tuple(objects[key] for key, _ in files), dict(config) if config is not None else None
+    )
+    report.manifest = manifest
     text = manifest.to_json().encode("utf-8")
     if client is not None:
         from tokenmill.storage.s3 import S3Url
