@@ -372,11 +372,16 @@ def test_fast_cache_load_skips_the_boundary_scan(tmp_path: Path, shard: Path) ->
 def test_exists_and_object_storage(shard: Path) -> None:
     assert IndexedDataset.exists(str(shard))
     assert not IndexedDataset.exists(str(shard) + "-missing")
-    for prefix in ("s3://bucket/data", "msc://profile/data"):
-        with pytest.raises(NotImplementedError, match=prefix):
-            IndexedDataset(prefix, mmap=False, object_storage_config=object())
-        with pytest.raises(NotImplementedError, match=prefix):
-            IndexedDataset.exists(prefix)
+    # s3:// is served by tokenmill.storage (tests/test_s3_storage.py); msc:// is refused
+    with pytest.raises(TypeError, match="path_to_idx_cache"):
+        IndexedDataset("s3://bucket/data", mmap=False, object_storage_config=object())
+    with pytest.raises(ValueError, match="object_storage_config"):
+        IndexedDataset("s3://bucket/data")
+    prefix = "msc://profile/data"
+    with pytest.raises(NotImplementedError, match=prefix):
+        IndexedDataset(prefix, mmap=False, object_storage_config=object())
+    with pytest.raises(NotImplementedError, match=prefix):
+        IndexedDataset.exists(prefix)
 
 
 def test_public_api_is_lazy_and_torch_free() -> None:

@@ -281,3 +281,18 @@ def test_nanogpt_s3_errors(s3_bucket: S3Bucket, tmp_path: Path) -> None:
         NanogptDataset(s3_bucket.url("n/none_*.bin"), SEQ, object_storage_config=storage)
     with pytest.raises(DataFormatError, match=r"bad\.bin: file is 100 bytes, shorter than"):
         NanogptDataset(s3_bucket.url("n/*.bin"), SEQ, object_storage_config=storage)
+
+
+def test_packed_dataset_from_s3_equals_local(
+    shards: tuple[list[str], list[str]], tmp_path: Path
+) -> None:
+    from tokenmill.datasets.packed import PackedDataset, PackingConfig
+
+    local, remote = shards
+    config = PackingConfig(sequence_length=32, window_overlap=2, max_documents_per_row=4)
+    storage = ObjectStorageConfig(str(tmp_path / "objects"), bin_chunk_nbytes=1024)
+    expected = PackedDataset(IndexedDataset(local[1]), config)
+    got = PackedDataset(IndexedDataset(remote[1], object_storage_config=storage), config)
+    assert len(got) == len(expected) > 10
+    for idx in range(len(expected)):
+        assert_samples_equal(expected[idx], got[idx])

@@ -490,3 +490,70 @@ def test_forked_child_reads_with_its_own_client_and_cache(
         child.start()
     child.join(60)
     assert child.exitcode == 0
+
+
+def test_remote_array_views_and_errors(s3_bucket: S3Bucket, tmp_path: Path) -> None:
+    from tokenmill.storage.remote import RemoteArray, S3BinReader
+
+    values = np.arange(1000, dtype="<u2")
+    url = s3_bucket.put("arr.bin", bytes(16) + values.tobytes())
+    config = ObjectStorageConfig(str(tmp_path), bin_chunk_nbytes=128, bin_cache_nbytes=1024)
+    reader = S3BinReader(url, config, S3Client())
+    array = RemoteArray(reader, np.dtype("<u2"), 1000, 16, readahead_bytes=256)
+    assert len(array) == 1000 and array.shape == (1000,)
+    np.testing.assert_array_equal(array[10:300], values[10:300])
+    np.testing.assert_array_equal(array[-5:], values[-5:])
+    assert array[-1] == 999 and array[0] == 0
+    assert array[5:5].shape == (0,)
+    reader.cache.wait_idle()
+    assert reader.stats.prefetched_chunks > 0  # read-ahead after the slice
+    with pytest.raises(IndexError, match="token 1000 out of range for 1000 tokens"):
+        array[1000]
+    with pytest.raises(ValueError, match="only step-1 slices"):
+        array[::2]
+    with pytest.raises(ValueError, match="need 2018 bytes, the object has 2016"):
+        RemoteArray(reader, np.dtype("<u2"), 1001, 16)
+    assert reader.read(np.uint16, 3, 16 + 20).tolist() == [10, 11, 12]  # megatron's signature
+    reader.close()
+
+
+def test_multipart_upload(
+    s3_bucket: S3Bucket, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tokenmill.storage import s3
+
+    monkeypatch.setattr(s3, "_MULTIPART_BYTES", 5 << 20)  # S3's smallest part size
+    payload = os.urandom((5 << 20) + 1000)
+    (tmp_path / "big.bin").write_bytes(payload)
+    info = S3Client().upload(tmp_path / "big.bin", s3_bucket.url("big.bin"))
+    assert info.size == len(payload) and info.etag.endswith('-2"')  # two parts
+    assert s3_bucket.get("big.bin") == payload
+
+
+def test_process_wide_client_can_be_replaced() -> None:
+    from tokenmill.storage.s3 import set_client, using_client
+
+    mine = S3Client(RetryPolicy(max_attempts=1))
+    with using_client(mine):
+        assert get_client() is mine
+    assert get_client() is not mine
+    previous = set_client(mine)
+    assert set_client(previous) is mine
+
+
+def test_staging_refuses_bucket_urls(s3_bucket: S3Bucket, tmp_path: Path) -> None:
+    from tokenmill.storage.staging import fetch_source, upload_prefix
+
+    (tmp_path / "d.bin").write_bytes(b"x")
+    with pytest.raises(ValueError, match="does not name an object"):
+        upload_prefix(str(tmp_path / "d"), f"s3://{s3_bucket.name}")
+    with pytest.raises(ValueError, match="not the bucket"):
+        fetch_source(f"s3://{s3_bucket.name}/")
+
+
+def test_missing_boto3_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    monkeypatch.setitem(sys.modules, "boto3", None)  # import boto3 now raises ImportError
+    with pytest.raises(ImportError, match=r"pip install 'tokenmill\[s3\]'"):
+        S3Client(RetryPolicy()).stat("s3://bucket/key")

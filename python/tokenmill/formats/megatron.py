@@ -743,7 +743,7 @@ class IndexedDataset:
         """Whether both ``path_prefix.idx`` and ``path_prefix.bin`` exist.
 
         For ``s3://`` prefixes this is two HEAD requests, and a missing object gives False
-        (megatron-core 0.19.2 always answers True there).
+        (megatron-core 0.19.2 cannot report a missing object there).
 
         Raises:
             NotImplementedError: the prefix is an ``msc://`` path.

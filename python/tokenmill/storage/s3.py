@@ -370,9 +370,10 @@ class S3Client:
         started = time.monotonic()
         attempt = 0
         while True:
+            client = self._client()  # outside the try: a missing boto3 is an ImportError
             try:
                 self.stats.add(requests=1)
-                return operation(self._client())
+                return operation(client)
             except Exception as error:
                 details = _client_error_details(error)
                 if details is not None:
