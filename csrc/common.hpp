@@ -25,6 +25,16 @@ inline int64_t checked_mul(int64_t a, int64_t b, const char* what) {
   return result;
 }
 
+// a + b and a - b into `result`; false (result unspecified) when the exact value does not fit
+// int64. For values read from files (index caches, .idx), where wrapping would be undefined
+// behaviour and could turn a corrupt entry into an in-bounds-looking one.
+inline bool add_fits(int64_t a, int64_t b, int64_t& result) {
+  return !__builtin_add_overflow(a, b, &result);
+}
+inline bool sub_fits(int64_t a, int64_t b, int64_t& result) {
+  return !__builtin_sub_overflow(a, b, &result);
+}
+
 // Number of worker threads to use for `items` units of work, at most `requested`.
 inline int threads_for(int requested, int64_t items, int64_t min_items_per_thread) {
   if (requested < 1) requested = 1;

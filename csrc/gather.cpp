@@ -1,5 +1,7 @@
 #include "gather.hpp"
 
+#include "common.hpp"
+
 #include <algorithm>
 #include <exception>
 #include <limits>
@@ -47,22 +49,26 @@ void sample_parts(const int64_t* bound, std::span<const int32_t> document_index,
     const int64_t size = lengths[static_cast<size_t>(sequence)];
     int64_t offset = 0;
     int64_t length = 0;
+    // The offsets come from a file (the sample index cache): any int64 is possible, so the
+    // arithmetic is checked rather than allowed to wrap.
+    bool fits = true;
     if (b_row == e_row) {
       offset = b_off;
-      length = e_off - b_off + extra;
+      fits = sub_fits(e_off, b_off, length) && add_fits(length, extra, length);
     } else {
       offset = row == b_row ? b_off : 0;
-      length = row < e_row ? size - offset : e_off + extra;
+      fits = row < e_row ? sub_fits(size, offset, length) : add_fits(e_off, extra, length);
     }
-    if (offset < 0 || length < 0 || offset > size || length > size - offset) {
-      corrupt("sample asks for tokens [" + std::to_string(offset) + ", " +
-              std::to_string(offset + length) + ") of sequence " + std::to_string(sequence) +
-              " of length " + std::to_string(size));
+    if (!fits || offset < 0 || length < 0 || offset > size || length > size - offset) {
+      corrupt("sample asks for " + (fits ? std::to_string(length) : std::string("too many")) +
+              " tokens from offset " + std::to_string(offset) + " of sequence " +
+              std::to_string(sequence) + " of length " + std::to_string(size));
     }
     const int64_t pointer = pointers[static_cast<size_t>(sequence)];
     constexpr auto itemsize = static_cast<int64_t>(sizeof(TokenT));
+    // offset + length <= size < 2^31 here; pointer / itemsize may be anything up to 2^63.
     if (pointer < 0 || pointer % itemsize != 0 ||
-        pointer / itemsize + offset + length > static_cast<int64_t>(token_count)) {
+        offset + length > static_cast<int64_t>(token_count) - pointer / itemsize) {
       corrupt("sequence " + std::to_string(sequence) + " points at byte " +
               std::to_string(pointer) + ", outside the data file or off its item grid");
     }
@@ -151,7 +157,7 @@ void resolve_samples(std::span<const ShuffleT> shuffle_index, std::span<const Sa
                               " samples");
     }
     const auto position = static_cast<int64_t>(shuffle_index[static_cast<size_t>(index)]);
-    if (position < 0 || position + 1 >= rows) {
+    if (position < 0 || position >= rows - 1) {  // (position + 1 could overflow)
       corrupt("shuffle_index[" + std::to_string(index) + "] = " + std::to_string(position) +
               " is outside the sample index of " + std::to_string(rows - 1) + " samples");
     }

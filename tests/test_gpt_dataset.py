@@ -76,6 +76,7 @@ def test_second_construction_is_a_cache_hit(
     first = build(shard, config)
     files = cache_files(tmp_path / "cache")
     assert sorted(name.split("-", 1)[1] for name in files) == [
+        "GPTDataset-train-data.tokenmill.json",  # tokenmill's data fingerprint
         "GPTDataset-train-description.txt",
         "GPTDataset-train-document_index.npy",
         "GPTDataset-train-sample_index.npy",

@@ -42,11 +42,21 @@ _EXPORTS: dict[str, str] = {
     "open_token_file": "tokenmill.formats.token_dir",
     "find_token_positions": "tokenmill.index.token_scan",
     "World": "tokenmill.loading.world",
+    # offline cache builds, publishing and downloads
+    "load_run_config": "tokenmill.datasets.config_file",
+    "build_cache": "tokenmill.datasets.cache_build",
+    "check_cache": "tokenmill.datasets.cache_build",
+    "publish": "tokenmill.storage.transfer",
+    "download": "tokenmill.storage.transfer",
+    "start_download": "tokenmill.storage.transfer",
+    "Manifest": "tokenmill.storage.manifest",
+    "ChecksumError": "tokenmill.errors",
     "ObjectStorageConfig": "tokenmill.storage.object_storage",
     "ObjectStorageError": "tokenmill.errors",
     "TokenmillError": "tokenmill.errors",
     "DataFormatError": "tokenmill.errors",
     "CacheError": "tokenmill.errors",
+    "StaleCacheError": "tokenmill.errors",
     "PerformanceWarning": "tokenmill.errors",
 }
 
@@ -79,18 +89,29 @@ __all__ = [  # noqa: RUF022 - grouped like _EXPORTS
     "open_token_file",
     "find_token_positions",
     "World",
+    "load_run_config",
+    "build_cache",
+    "check_cache",
+    "publish",
+    "download",
+    "start_download",
+    "Manifest",
+    "ChecksumError",
     "ObjectStorageConfig",
     "ObjectStorageError",
     "PerformanceWarning",
     "TokenmillError",
     "DataFormatError",
     "CacheError",
+    "StaleCacheError",
 ]
 
 if TYPE_CHECKING:
     from tokenmill.datasets.blended import BlendedDataset
     from tokenmill.datasets.builder import BlendedMegatronDatasetBuilder
+    from tokenmill.datasets.cache_build import build_cache, check_cache
     from tokenmill.datasets.config import BlendedMegatronDatasetConfig
+    from tokenmill.datasets.config_file import load_run_config
     from tokenmill.datasets.gpt import GPTDataset, GPTDatasetConfig, MockGPTDataset
     from tokenmill.datasets.memory_mapped import MemoryMappedDataset
     from tokenmill.datasets.nanogpt import NanogptDataset
@@ -104,9 +125,11 @@ if TYPE_CHECKING:
     )
     from tokenmill.errors import (
         CacheError,
+        ChecksumError,
         DataFormatError,
         ObjectStorageError,
         PerformanceWarning,
+        StaleCacheError,
         TokenmillError,
     )
     from tokenmill.formats.bos_index import read_bos_index, write_bos_index
@@ -115,7 +138,9 @@ if TYPE_CHECKING:
     from tokenmill.formats.token_dir import open_token_file
     from tokenmill.index.token_scan import find_token_positions
     from tokenmill.loading.world import World
+    from tokenmill.storage.manifest import Manifest
     from tokenmill.storage.object_storage import ObjectStorageConfig
+    from tokenmill.storage.transfer import download, publish, start_download
 
 
 def __getattr__(name: str) -> Any:

@@ -30,6 +30,12 @@ class TokenizerMismatchError(DataFormatError):
     things and must not be mixed."""
 
 
+class StaleCacheError(CacheError):
+    """An index cache was built from data that has since changed: a `.bin`/`.idx` differs from the
+    fingerprint recorded beside the cache entry (size, mtime or sampled contents), or is newer
+    than an entry that has no fingerprint. See `tokenmill.index.fingerprint`."""
+
+
 class ObjectStorageError(TokenmillError, OSError):
     """An object-storage request failed for good: a non-retryable error, or the retry budget
     was spent (the message names the object, the request, the attempts and the last error)."""
@@ -37,3 +43,8 @@ class ObjectStorageError(TokenmillError, OSError):
 
 class ObjectChangedError(ObjectStorageError):
     """An object was replaced on the server while it was being read (its ETag changed)."""
+
+
+class ChecksumError(DataFormatError):
+    """A downloaded or uploaded object's bytes do not hash to the checksum its manifest records
+    (the message names the object, the local file and both sha256 digests)."""

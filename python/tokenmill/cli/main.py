@@ -17,7 +17,16 @@ Registrar = Callable[["argparse._SubParsersAction[argparse.ArgumentParser]"], No
 
 
 def _subcommand_registrars() -> list[Registrar]:
-    from tokenmill.cli import bench, convert, demo, inspect_cmd, tokenize_cmd
+    from tokenmill.cli import (
+        bench,
+        build_cache,
+        convert,
+        demo,
+        download,
+        inspect_cmd,
+        publish,
+        tokenize_cmd,
+    )
 
     return [
         demo.register,
@@ -25,6 +34,9 @@ def _subcommand_registrars() -> list[Registrar]:
         convert.register,
         inspect_cmd.register,
         bench.register,
+        build_cache.register,
+        publish.register,
+        download.register,
     ]
 
 

@@ -195,8 +195,23 @@ class BlendedDataset:
                 self._specs(),
                 may_build=is_cache_builder(getattr(self.config, "cache_build_scope", "global")),
                 trust_presence=self.config.fast_cache_load,
+                data_prefixes=self.data_prefixes(),
+                data_check=self._data_check(),
             )
         return arrays["dataset_index"], arrays["dataset_sample_index"]
+
+    def data_prefixes(self) -> list[str]:
+        """The `.bin`/`.idx` prefixes of every member dataset (fingerprinted beside the cache
+        entry: without weights, the blend depends on the members' lengths)."""
+        prefixes: list[str] = []
+        for dataset in self.datasets:
+            for prefix in getattr(dataset, "data_prefixes", list)():
+                if prefix not in prefixes:
+                    prefixes.append(prefix)
+        return prefixes
+
+    def _data_check(self) -> str:
+        return str(getattr(self.config, "cache_data_check", "rebuild"))
 
     def _load_deferred(self) -> None:
         assert self._cache is not None
@@ -205,6 +220,7 @@ class BlendedDataset:
         )
         if arrays is None:
             raise CacheError("deferred blend cache is unusable: " + "; ".join(problems))
+        self._cache.check_deferred(self.data_prefixes(), self._data_check())
         self.dataset_index = arrays["dataset_index"]
         self.dataset_sample_index = arrays["dataset_sample_index"]
 

@@ -8,6 +8,11 @@ are not part of any cache key:
 
 * `cache_build_scope`: "global" (megatron: global rank 0 builds missing index caches) or "node"
   (the first rank of every node builds, for caches on node-local disks).
+* `cache_data_check`: what happens when the `.bin`/`.idx` behind a cached index changed since the
+  entry was built (size, mtime or sampled contents differ from the fingerprint written beside the
+  entry; see `tokenmill.index.fingerprint`): "rebuild" (default: the cache-building rank rebuilds
+  it, other ranks raise StaleCacheError), "error" (StaleCacheError everywhere) or "off"
+  (megatron-core's path-only key: nothing is checked and no sidecar is written).
 * `exact_sample_count`: megatron computes the sample count of a split that keeps its partial last
   sample (valid with `drop_last_partial_validation_sequence=False`) in single precision, which can
   add one bogus sample above 2^24 tokens. False (default) reproduces that; True counts exactly.
@@ -211,6 +216,9 @@ class GPTDatasetConfig(BlendedMegatronDatasetConfig):
     cache_build_scope: str = "global"
     """tokenmill: "global" (rank 0 builds caches) or "node" (each node's first rank builds)."""
 
+    cache_data_check: str = "rebuild"
+    """tokenmill: stale-data policy of index caches: "rebuild", "error" or "off" (megatron)."""
+
     exact_sample_count: bool = False
     """tokenmill: count partial-sample splits exactly instead of megatron's float32 ceil."""
 
@@ -230,6 +238,11 @@ class GPTDatasetConfig(BlendedMegatronDatasetConfig):
         if self.cache_build_scope not in ("global", "node"):
             raise ValueError(
                 f"cache_build_scope must be 'global' or 'node', got {self.cache_build_scope!r}"
+            )
+        if self.cache_data_check not in ("rebuild", "error", "off"):
+            raise ValueError(
+                "cache_data_check must be 'rebuild', 'error' or 'off', got "
+                f"{self.cache_data_check!r}"
             )
         if self.token_output_dtype not in ("int64", "int32", "storage"):
             raise ValueError(

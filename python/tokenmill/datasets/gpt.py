@@ -288,9 +288,23 @@ class GPTDataset(MegatronDataset):
                 self._array_specs(plan),
                 may_build=is_cache_builder(self.config.cache_build_scope),
                 trust_presence=self.config.fast_cache_load,
+                data_prefixes=self.data_prefixes(),
+                data_check=self.config.cache_data_check,
             )
             self._check_consistency(arrays)
         return arrays["document_index"], arrays["sample_index"], arrays["shuffle_index"]
+
+    def data_prefixes(self) -> list[str]:
+        """The `.bin`/`.idx` prefixes this dataset's indices are computed from (fingerprinted
+        beside the cache entry); empty for mock and non-file low-level datasets, and for
+        object-storage prefixes, whose reads are pinned to one object version by ETag instead."""
+        from tokenmill.formats.megatron import IndexedDataset
+
+        if isinstance(self.dataset, IndexedDataset) and not _is_object_storage_path(
+            self.dataset.path_prefix
+        ):
+            return [self.dataset.path_prefix]
+        return []
 
     def _check_consistency(self, arrays: dict[str, npt.NDArray[Any]]) -> None:
         rows = arrays["sample_index"].shape[0]
@@ -308,6 +322,7 @@ class GPTDataset(MegatronDataset):
         )
         if arrays is None:
             raise CacheError("deferred index cache is unusable: " + "; ".join(problems))
+        self._cache.check_deferred(self.data_prefixes(), self.config.cache_data_check)
         self._check_consistency(arrays)
         self.document_index = arrays["document_index"]
         self.sample_index = arrays["sample_index"]
@@ -359,26 +374,43 @@ class GPTDataset(MegatronDataset):
         extra = int(self.config.add_extra_token_to_sequence)
         target = self.config.sequence_length + extra
         position = int(self.shuffle_index[idx])
+        # The index arrays may come from a cache file: check every value before using it as a
+        # position (numpy would wrap negative ones around silently), as the C++ gather does.
+        if not 0 <= position < self.sample_index.shape[0] - 1:
+            raise IndexError(
+                f"corrupt index: shuffle_index[{idx}] = {position} is outside the sample index "
+                f"of {self.sample_index.shape[0] - 1} samples"
+            )
         begin, begin_offset = (int(v) for v in self.sample_index[position])
         end, end_offset = (int(v) for v in self.sample_index[position + 1])
+        if not 0 <= begin <= end < self.document_index.shape[0]:
+            raise IndexError(
+                f"corrupt index: sample index rows [{begin}, {end}] are outside the document "
+                f"index of {self.document_index.shape[0]} entries"
+            )
         document_ids: list[int] = []
         parts: list[npt.NDArray[Any]] = []
-        if begin == end:
-            document = int(self.document_index[begin])
-            document_ids.append(document)
-            parts.append(
-                self.dataset.get(
-                    document, offset=begin_offset, length=end_offset - begin_offset + extra
+        for i in range(begin, end + 1):
+            document = int(self.document_index[i])
+            if not 0 <= document < self.dataset.sequence_lengths.shape[0]:
+                raise IndexError(
+                    f"corrupt index: document_index[{i}] = {document} is not a sequence id in "
+                    f"[0, {self.dataset.sequence_lengths.shape[0]})"
                 )
-            )
-        else:
-            for i in range(begin, end + 1):
-                document = int(self.document_index[i])
-                document_ids.append(document)
+            document_ids.append(document)
+            offset: int
+            length: int | None
+            if begin == end:
+                offset, length = begin_offset, end_offset - begin_offset + extra
+            else:
                 offset = begin_offset if i == begin else 0
                 length = None if i < end else end_offset + extra
-                parts.append(self.dataset.get(document, offset=offset, length=length))
+            parts.append(self.dataset.get(document, offset=offset, length=length))
         lengths = [len(part) for part in parts]
+        if sum(lengths) > target:
+            raise IndexError(
+                f"corrupt index: sample {idx} covers {sum(lengths)} tokens, more than {target}"
+            )
         text = np.empty(target, dtype=np.int64)
         filled = 0
         for part in parts:

@@ -134,9 +134,11 @@ def _check_positions(path: str, positions: npt.NDArray[Any], token_count: int | 
     first = int(positions[0])
     if first < 0:
         raise DataFormatError(f"{path}: position[0] = {first} is negative")
-    steps = np.diff(positions)
-    if steps.shape[0] and int(steps.min()) <= 0:
-        at = int(np.argmax(steps <= 0))
+    # compare neighbours instead of np.diff: a difference of two int32 (or int64) positions can
+    # wrap around and make a descending pair look ascending (found by fuzzing)
+    descending = positions[1:] <= positions[:-1]
+    if descending.any():
+        at = int(np.argmax(descending))
         raise DataFormatError(
             f"{path}: positions must be strictly ascending, but position[{at}] = "
             f"{int(positions[at])} and position[{at + 1}] = {int(positions[at + 1])}"

@@ -199,9 +199,10 @@ def _refuse_object_storage(path_prefix: str) -> None:
 def _check_non_decreasing(values: npt.NDArray[numpy.int64], path: str, field: str) -> None:
     for start in range(0, values.shape[0] - 1, _MONOTONIC_CHECK_CHUNK):
         chunk = values[start : start + _MONOTONIC_CHECK_CHUNK + 1]
-        steps = numpy.diff(chunk)
-        if steps.shape[0] and int(steps.min()) < 0:
-            position = start + int(numpy.argmax(steps < 0))
+        # neighbour comparison, not numpy.diff: an int64 difference can wrap around
+        decreasing = chunk[1:] < chunk[:-1]
+        if decreasing.any():
+            position = start + int(numpy.argmax(decreasing))
             raise DataFormatError(
                 f"{path}: {field} must be non-decreasing, but {field}[{position}] = "
                 f"{int(values[position])} > {field}[{position + 1}] = {int(values[position + 1])}"
@@ -1131,7 +1132,8 @@ class IndexedDatasetBuilder:
             self._sequence_modes.extend(index.sequence_modes)
 
     def finalize(self, idx_path: str) -> None:
-        """Move the ``.bin`` into place and write the ``.idx``, each via a temporary file.
+        """Write the ``.idx`` to a temporary file, then move the ``.bin`` and the ``.idx`` into
+        place (an existing ``.idx`` is removed first, so a crash never pairs old and new files).
 
         Args:
             idx_path: where the ``.idx`` goes (megatron's tools use ``prefix + ".idx"``).
@@ -1151,7 +1153,6 @@ class IndexedDatasetBuilder:
             )
         self._data_file.close()
         self._finalized = True
-        os.replace(self._temporary_bin_path, self.bin_path)
 
         pointers = numpy.empty(lengths.shape[0], dtype="<i8")
         if lengths.shape[0]:
@@ -1177,9 +1178,15 @@ class IndexedDatasetBuilder:
                     if part.shape[0]:
                         stream.write(numpy.ascontiguousarray(part).data.cast("B"))
             os.chmod(temporary, default_file_mode())
+            # Both files are complete under temporary names. A stale .idx must never pair with
+            # the new .bin: remove it, then rename the .bin, then the .idx. A crash in between
+            # leaves a prefix without .idx (FileNotFoundError), never a mismatched pair.
+            _remove_quietly(idx_path)
+            os.replace(self._temporary_bin_path, self.bin_path)
             os.replace(temporary, idx_path)
         except BaseException:
             _remove_quietly(temporary)
+            _remove_quietly(self._temporary_bin_path)
             raise
 
     def __del__(self) -> None:

@@ -181,12 +181,9 @@ def open_token_file(
 
 
 def _open_npy(path: str, dtype: npt.DTypeLike | None) -> npt.NDArray[Any]:
-    try:
-        array: npt.NDArray[Any] = np.load(path, mmap_mode="r", allow_pickle=False)
-    except FileNotFoundError:
-        raise
-    except (ValueError, OSError, EOFError) as error:
-        raise DataFormatError(f"{path}: not a valid .npy file ({error})") from error
+    from tokenmill.formats.npy import load_npy
+
+    array = load_npy(path)
     if array.ndim != 1:
         raise DataFormatError(f"{path}: token arrays must be 1-D, got shape {array.shape}")
     if array.dtype.kind not in "iu":

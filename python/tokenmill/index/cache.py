@@ -7,31 +7,58 @@ index array, written with ``numpy.save``.
 Beyond megatron-core:
 
 * every file is written to a temporary name in the same directory and renamed into place; the
-  description is renamed last, so a crash leaves no description and the next run sees a miss;
+  description is renamed last, so a crash leaves no description and the next run sees a miss
+  (and removes the killed writer's temporary files);
 * writers hold an exclusive ``fcntl`` lock on ``<base>.lock`` and re-check for a hit once they
   have it, so two jobs sharing a directory build once and never interleave writes;
 * a hit requires the description to match byte for byte and each array to have the dtype and
   shape the caller expects; anything else is reported as a problem (the builder rebuilds, other
-  ranks raise CacheError) instead of being used.
+  ranks raise CacheError) instead of being used;
+* a hit also requires the data to be the data the entry was built from: a fingerprint of every
+  `.bin`/`.idx` (size, mtime, sampled contents) is written beside the entry as
+  ``<base>-data.tokenmill.json`` before the description, and compared on every load
+  (`tokenmill.index.fingerprint`; the ``cache_data_check`` policy says whether a stale entry is
+  rebuilt or raises StaleCacheError, or whether, as in megatron-core, nothing is checked).
+
+Offline tools (``tokenmill build-cache``) watch every cache access through :func:`cache_session`:
+a session records each entry that was hit, built or found invalid (or stale), and in
+``check_only`` mode never writes: an invalid entry is reported and rebuilt in memory so the walk
+over a whole blend can go on and list every problem.
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
+import logging
 import os
+import threading
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from tokenmill.errors import CacheError
+from tokenmill.errors import CacheError, DataFormatError, StaleCacheError
 from tokenmill.formats._atomic import AtomicFile
+from tokenmill.formats.npy import load_npy
+from tokenmill.index import fingerprint as data_fingerprint
+from tokenmill.storage.remote_cache import is_remote_cache
 
-__all__ = ["ArraySpec", "IndexCache", "atomic_save_npy", "atomic_write_text"]
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "ArraySpec",
+    "CacheEvent",
+    "CacheSession",
+    "IndexCache",
+    "atomic_save_npy",
+    "atomic_write_text",
+    "cache_session",
+]
 
 
 @dataclass(frozen=True)
@@ -73,16 +100,68 @@ def atomic_save_npy(path: Path, array: npt.NDArray[Any]) -> None:
         target.abort()  # no-op after commit
 
 
-def _load_npy(path: Path) -> npt.NDArray[Any]:
-    array: npt.NDArray[Any]
+@dataclass(frozen=True)
+class CacheEvent:
+    """One access to a cache entry seen by a :class:`CacheSession`.
+
+    Attributes:
+        cache: the entry.
+        built: whether the arrays were computed (a miss) rather than loaded (a hit).
+        saved: whether the computed arrays were written to the cache directory.
+        problems: why the entry was not a hit (missing, truncated, foreign files...).
+        seconds: time spent loading or building.
+    """
+
+    cache: IndexCache
+    built: bool
+    saved: bool
+    problems: tuple[str, ...]
+    seconds: float
+
+
+@dataclass
+class CacheSession:
+    """Collects the :class:`CacheEvent` of every cache access while it is active.
+
+    Args:
+        check_only: never write; report invalid entries and build them in memory only.
+        on_event: called after each access (e.g. to draw a progress line).
+    """
+
+    check_only: bool = False
+    on_event: Callable[[CacheEvent], None] | None = None
+    events: list[CacheEvent] = field(default_factory=list)
+
+    def record(self, event: CacheEvent) -> None:
+        with _SESSION_LOCK:
+            self.events.append(event)
+        if self.on_event is not None:
+            self.on_event(event)
+
+
+# A process-wide slot rather than a contextvar: the builder constructs the members of a blend on
+# a thread pool, and executor threads do not inherit the caller's context.
+_SESSION: CacheSession | None = None
+_SESSION_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def cache_session(session: CacheSession) -> Iterator[CacheSession]:
+    """Make `session` observe (and, with check_only, prevent) every cache write in the block.
+
+    Raises:
+        RuntimeError: another session is already active in this process.
+    """
+    global _SESSION
+    with _SESSION_LOCK:
+        if _SESSION is not None:
+            raise RuntimeError("a cache session is already active in this process")
+        _SESSION = session
     try:
-        array = np.load(path, mmap_mode="r", allow_pickle=False)
-    except ValueError:
-        # numpy cannot map an empty array; such files are tiny, so read them instead.
-        if path.stat().st_size > 4096:
-            raise
-        array = np.load(path, allow_pickle=False)
-    return array
+        yield session
+    finally:
+        with _SESSION_LOCK:
+            _SESSION = None
 
 
 @dataclass(frozen=True)
@@ -104,12 +183,14 @@ class IndexCache:
         description: str,
         array_names: Sequence[str],
     ) -> IndexCache:
-        return cls(
-            Path(directory),
-            f"{description_hash}-{class_name}-{split_name}",
-            description,
-            tuple(array_names),
-        )
+        base = f"{description_hash}-{class_name}-{split_name}"
+        location = os.fspath(directory)
+        if is_remote_cache(location):
+            # a manifest or s3:// cache: fetch this entry once per node, then use it locally
+            from tokenmill.storage.remote_cache import fetch_cache_entry
+
+            location = fetch_cache_entry(location, base)
+        return cls(Path(location), base, description, tuple(array_names))
 
     def path(self, suffix: str) -> Path:
         return self.directory / f"{self.base}-{suffix}"
@@ -120,6 +201,17 @@ class IndexCache:
 
     def array_path(self, name: str) -> Path:
         return self.path(f"{name}.npy")
+
+    @property
+    def fingerprint_path(self) -> Path:
+        """The tokenmill-only data fingerprint sidecar of this entry."""
+        return self.path(data_fingerprint.FINGERPRINT_SUFFIX)
+
+    def stale_reasons(self, data_prefixes: Sequence[str]) -> tuple[list[str], dict[str, Any]]:
+        """Why this entry does not match the current data (see fingerprint.stale_reasons)."""
+        return data_fingerprint.stale_reasons(
+            data_prefixes, self.fingerprint_path, self.description_path
+        )
 
     def all_present(self) -> bool:
         """megatron-core's notion of a hit: every file exists."""
@@ -149,11 +241,11 @@ class IndexCache:
         for name in self.array_names:
             path = self.array_path(name)
             try:
-                array = _load_npy(path)
+                array = load_npy(path)
             except FileNotFoundError:
                 problems.append(f"{path}: missing")
                 continue
-            except (OSError, ValueError, EOFError) as error:
+            except (OSError, DataFormatError) as error:
                 problems.append(f"{path}: unreadable or truncated ({error})")
                 continue
             spec = specs.get(name) if specs else None
@@ -174,13 +266,30 @@ class IndexCache:
             finally:
                 fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
 
-    def save(self, arrays: Mapping[str, npt.NDArray[Any]]) -> None:
-        """Write every array, then the description (the commit point), each atomically."""
+    def _remove_leftovers(self) -> None:
+        """Delete temporary files of this entry left by a killed writer (call under the lock:
+        every live writer of the entry holds it, so any temporary file found is abandoned)."""
+        for path in self.directory.glob(f".{self.base}-*.tmp"):
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+
+    def save(
+        self,
+        arrays: Mapping[str, npt.NDArray[Any]],
+        fingerprint: Mapping[str, Any] | None = None,
+    ) -> None:
+        """Write every array, the data fingerprint (or remove an old one), then the description
+        (the commit point), each atomically."""
         self.directory.mkdir(parents=True, exist_ok=True)
         with contextlib.suppress(FileNotFoundError):
             self.description_path.unlink()
         for name in self.array_names:
             atomic_save_npy(self.array_path(name), arrays[name])
+        if fingerprint is None:
+            with contextlib.suppress(FileNotFoundError):
+                self.fingerprint_path.unlink()
+        else:
+            data_fingerprint.write_fingerprint(self.fingerprint_path, fingerprint)
         atomic_write_text(self.description_path, self.description)
 
     def load_or_build(
@@ -190,6 +299,8 @@ class IndexCache:
         *,
         may_build: bool,
         trust_presence: bool = False,
+        data_prefixes: Sequence[str] = (),
+        data_check: str = "off",
     ) -> tuple[dict[str, npt.NDArray[Any]], bool]:
         """Return the cached arrays, building and saving them first if this process may.
 
@@ -198,16 +309,70 @@ class IndexCache:
             specs: what each array must look like.
             may_build: whether this process writes missing caches (rank rule).
             trust_presence: megatron's fast_cache_load: skip the description comparison.
+            data_prefixes: the `.bin`/`.idx` prefixes the arrays are computed from.
+            data_check: "rebuild", "error" or "off" (fingerprint.POLICIES).
 
         Returns:
             (arrays, built) where built says whether this call computed them.
 
         Raises:
             CacheError: when the cache is missing or invalid and this process may not build it.
+            StaleCacheError: the data changed since the entry was built and it may not be
+                rebuilt here (data_check "error", or a rank that does not build caches).
+            ValueError: data_check is not one of fingerprint.POLICIES.
         """
+        if data_check not in data_fingerprint.POLICIES:
+            raise ValueError(
+                f"cache_data_check must be one of {list(data_fingerprint.POLICIES)}, "
+                f"got {data_check!r}"
+            )
+        session = _SESSION
+        check_only = session is not None and session.check_only
+        started = time.perf_counter()
+        checking = data_check != "off" and len(data_prefixes) > 0
         arrays, problems = self.load(specs, check_description=not trust_presence)
+        # An existing entry is checked against the data even when its arrays no longer fit the
+        # config (new data usually changes their shapes): "error" must never rebuild silently.
+        if checking and self.description_path.is_file():
+            stale, current = self.stale_reasons(data_prefixes)
+            if stale and check_only:
+                arrays = None
+                problems = [
+                    *problems,
+                    *(f"{self.description_path}: built from other data: {r}" for r in stale),
+                ]
+            elif stale and (data_check == "error" or not may_build):
+                raise StaleCacheError(
+                    f"index cache {self.description_path} was built from different data "
+                    f"(cache_data_check={data_check!r}; delete the entry, rebuild it on the "
+                    "cache-building rank, or set cache_data_check='off' for megatron-core's "
+                    "path-only behaviour): " + "; ".join(stale)
+                )
+            elif stale:
+                logger.warning(
+                    "rebuilding stale index cache %s: %s", self.description_path, "; ".join(stale)
+                )
+                arrays, problems = None, stale
+            elif (
+                arrays is not None
+                and may_build
+                and not check_only
+                and not self.fingerprint_path.is_file()
+            ):
+                # adopt an entry megatron-core (or an older tokenmill) wrote over this data;
+                # best effort: a concurrent builder may clean our temporary file away
+                with contextlib.suppress(OSError):
+                    data_fingerprint.write_fingerprint(self.fingerprint_path, current)
         if arrays is not None:
+            if session is not None:
+                session.record(CacheEvent(self, False, False, (), time.perf_counter() - started))
             return arrays, False
+        if session is not None and session.check_only:
+            built = dict(build())
+            session.record(
+                CacheEvent(self, True, False, tuple(problems), time.perf_counter() - started)
+            )
+            return built, True
         if not may_build:
             raise CacheError(
                 "index cache is missing or invalid and this rank does not build caches "
@@ -217,8 +382,34 @@ class IndexCache:
             )
         with self.locked():
             arrays, problems = self.load(specs, check_description=not trust_presence)
-            if arrays is not None:
+            if arrays is not None and not (checking and self.stale_reasons(data_prefixes)[0]):
+                if session is not None:
+                    session.record(
+                        CacheEvent(self, False, False, (), time.perf_counter() - started)
+                    )
                 return arrays, False
+            self._remove_leftovers()
+            # fingerprint before building: data changing during the build is then seen as stale
+            fingerprint = data_fingerprint.fingerprint_prefixes(data_prefixes) if checking else None
             built = dict(build())
-            self.save(built)
+            self.save(built, fingerprint)
+        if session is not None:
+            session.record(
+                CacheEvent(self, True, True, tuple(problems), time.perf_counter() - started)
+            )
         return built, True
+
+    def check_deferred(self, data_prefixes: Sequence[str], data_check: str) -> None:
+        """The data check of a deferred (defer_npy_index_mmap) load, which never rebuilds.
+
+        Raises:
+            StaleCacheError: the data changed since the entry was built.
+        """
+        if data_check == "off" or not data_prefixes:
+            return
+        stale, _ = self.stale_reasons(data_prefixes)
+        if stale:
+            raise StaleCacheError(
+                f"index cache {self.description_path} was built from different data "
+                "(a deferred load cannot rebuild it): " + "; ".join(stale)
+            )

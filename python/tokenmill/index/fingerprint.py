@@ -1,0 +1,244 @@
+"""Data fingerprints: detect a `.bin`/`.idx` replaced behind a cached index.
+
+megatron-core keys its index caches by the dataset *path* only, so re-tokenising a corpus in place
+silently reuses indices built for the old data. tokenmill records what the data looked like when a
+cache entry was built, in a sidecar beside the entry, and compares it on every hit. The
+megatron-defined files (description, its md5, the ``.npy`` arrays) stay byte-identical.
+
+A file's fingerprint is its size, its ``st_mtime_ns`` and the sha256 of its first and last
+64 KiB (for an ``.idx`` that covers the header, the dtype, the counts and the first and last
+sequence lengths and document boundaries). Cost: two ``stat`` calls and at most 256 KiB read per
+dataset, independent of its size.
+
+The sidecar ``<hash>-<Class>-<split>-data.tokenmill.json`` holds::
+
+    {"format": "tokenmill.data-fingerprint", "version": 1,
+     "datasets": {"<prefix>": {".bin": {"size": 1234, "mtime_ns": 1700000000000000000,
+                                        "sample_sha256": "9f86..."},
+                               ".idx": {...}}}}
+
+Rules (see :func:`stale_reasons`):
+
+* sidecar present: every recorded file must match the current one, else the entry is stale;
+* sidecar absent (megatron-core or an older tokenmill wrote the entry): the entry is accepted only
+  if no data file is newer than the entry's description file; the builder then writes the sidecar
+  (adoption), so later checks compare fingerprints.
+
+Public API (used by the dataset caches and by ``tokenmill build-cache --check``):
+:func:`fingerprint_file`, :func:`fingerprint_prefixes`, :func:`differences`,
+:func:`read_fingerprint`, :func:`write_fingerprint`, :func:`stale_reasons`, :data:`POLICIES`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from tokenmill.errors import DataFormatError
+from tokenmill.formats._atomic import AtomicFile
+
+__all__ = [
+    "DATA_SUFFIXES",
+    "FINGERPRINT_SUFFIX",
+    "FORMAT",
+    "POLICIES",
+    "SAMPLE_BYTES",
+    "VERSION",
+    "differences",
+    "fingerprint_file",
+    "fingerprint_prefixes",
+    "read_fingerprint",
+    "stale_reasons",
+    "write_fingerprint",
+]
+
+FORMAT = "tokenmill.data-fingerprint"
+VERSION = 1
+FINGERPRINT_SUFFIX = "data.tokenmill.json"
+"""Suffix of the sidecar beside a cache entry: ``<hash>-<Class>-<split>-data.tokenmill.json``."""
+DATA_SUFFIXES = (".bin", ".idx")
+SAMPLE_BYTES = 64 * 1024
+"""Bytes hashed at each end of a file."""
+
+POLICIES = ("rebuild", "error", "off")
+"""Values of the ``cache_data_check`` config field:
+
+* ``"rebuild"`` (default): a stale entry is rebuilt by the cache-building rank (a warning is
+  logged); other ranks raise :class:`~tokenmill.errors.StaleCacheError`.
+* ``"error"``: a stale entry raises :class:`~tokenmill.errors.StaleCacheError` everywhere.
+* ``"off"``: megatron-core's behaviour: the path-only key, no sidecar read or written.
+"""
+
+_FILE_FIELDS = ("size", "mtime_ns", "sample_sha256")
+
+
+def fingerprint_file(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Size, modification time (ns) and sha256 of the first and last :data:`SAMPLE_BYTES`.
+
+    Raises:
+        FileNotFoundError: the file does not exist.
+    """
+    with open(path, "rb") as stream:
+        status = os.fstat(stream.fileno())
+        digest = hashlib.sha256()
+        digest.update(stream.read(SAMPLE_BYTES))
+        if status.st_size > SAMPLE_BYTES:
+            stream.seek(max(SAMPLE_BYTES, status.st_size - SAMPLE_BYTES))
+            digest.update(stream.read(SAMPLE_BYTES))
+    return {
+        "size": int(status.st_size),
+        "mtime_ns": int(status.st_mtime_ns),
+        "sample_sha256": digest.hexdigest(),
+    }
+
+
+def fingerprint_prefixes(prefixes: Iterable[str]) -> dict[str, Any]:
+    """The fingerprint payload of the ``.bin`` and ``.idx`` of each dataset prefix.
+
+    Raises:
+        FileNotFoundError: a data file does not exist.
+    """
+    datasets = {
+        prefix: {suffix: fingerprint_file(prefix + suffix) for suffix in DATA_SUFFIXES}
+        for prefix in prefixes
+    }
+    return {"format": FORMAT, "version": VERSION, "datasets": datasets}
+
+
+def differences(recorded: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:
+    """What changed between two payloads of :func:`fingerprint_prefixes`, one line per field.
+
+    Datasets recorded but not current (or the reverse) count as changes.
+    """
+    found: list[str] = []
+    old, new = recorded.get("datasets", {}), current.get("datasets", {})
+    for prefix in sorted(set(old) | set(new)):
+        if prefix not in new:
+            found.append(f"dataset {prefix!r} is recorded but not part of this config")
+            continue
+        if prefix not in old:
+            found.append(f"dataset {prefix!r} has no recorded fingerprint")
+            continue
+        for suffix in sorted(set(old[prefix]) | set(new[prefix])):
+            before, after = old[prefix].get(suffix), new[prefix].get(suffix)
+            if before is None or after is None:
+                found.append(f"{prefix}{suffix}: recorded {before!r}, now {after!r}")
+                continue
+            for field in _FILE_FIELDS:
+                if before.get(field) != after.get(field):
+                    found.append(
+                        f"{prefix}{suffix}: {field} was {before.get(field)!r}, "
+                        f"now {after.get(field)!r}"
+                    )
+    return found
+
+
+def read_fingerprint(path: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """The payload of a fingerprint sidecar, or None if there is none.
+
+    Raises:
+        DataFormatError: the file exists but is not a valid fingerprint sidecar.
+    """
+    try:
+        with open(path, "rb") as stream:
+            raw = stream.read(1 << 24)
+    except FileNotFoundError:
+        return None
+    try:
+        payload = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError) as error:
+        raise DataFormatError(f"{os.fspath(path)}: not a JSON fingerprint ({error})") from None
+    _validate(payload, os.fspath(path))
+    return dict(payload)
+
+
+def _validate(payload: Any, path: str) -> None:
+    if not isinstance(payload, dict) or payload.get("format") != FORMAT:
+        found = payload.get("format") if isinstance(payload, dict) else type(payload).__name__
+        raise DataFormatError(f"{path}: format is {found!r}, expected {FORMAT!r}")
+    if payload.get("version") != VERSION:
+        raise DataFormatError(
+            f"{path}: unsupported fingerprint version {payload.get('version')!r}, "
+            f"expected {VERSION}"
+        )
+    datasets = payload.get("datasets")
+    if not isinstance(datasets, dict):
+        raise DataFormatError(f"{path}: 'datasets' must be an object, got {datasets!r:.80}")
+    for prefix, files in datasets.items():
+        if not isinstance(files, dict) or set(files) != set(DATA_SUFFIXES):
+            raise DataFormatError(
+                f"{path}: dataset {prefix!r} must map {list(DATA_SUFFIXES)} to file "
+                f"fingerprints, got {files!r:.80}"
+            )
+        for suffix, entry in files.items():
+            if not isinstance(entry, dict):
+                raise DataFormatError(f"{path}: {prefix}{suffix} must be an object")
+            for field in _FILE_FIELDS:
+                value = entry.get(field)
+                valid = (
+                    isinstance(value, str)
+                    if field == "sample_sha256"
+                    else isinstance(value, int) and not isinstance(value, bool) and value >= 0
+                )
+                if not valid:
+                    raise DataFormatError(
+                        f"{path}: {prefix}{suffix} field {field!r} is invalid: {value!r:.80}"
+                    )
+
+
+def write_fingerprint(path: str | os.PathLike[str], payload: Mapping[str, Any]) -> None:
+    """Write a fingerprint sidecar atomically (temporary file + rename)."""
+    _validate(payload, os.fspath(path))
+    target = AtomicFile(path)
+    try:
+        text = json.dumps(payload, indent=1, sort_keys=True) + "\n"
+        target.stream.write(text.encode("utf-8"))
+        target.commit()
+    finally:
+        target.abort()  # no-op after commit
+
+
+def stale_reasons(
+    prefixes: Iterable[str],
+    sidecar: str | os.PathLike[str],
+    description: str | os.PathLike[str],
+) -> tuple[list[str], dict[str, Any]]:
+    """Why a cache entry no longer matches its data (empty when it is fresh).
+
+    Args:
+        prefixes: the dataset prefixes the entry was built from.
+        sidecar: the entry's fingerprint sidecar (may be missing).
+        description: the entry's description file, whose mtime dates an entry without sidecar.
+
+    Returns:
+        (reasons, current fingerprint payload).
+
+    Raises:
+        FileNotFoundError: a data file is missing.
+    """
+    current = fingerprint_prefixes(prefixes)
+    try:
+        recorded = read_fingerprint(sidecar)
+    except DataFormatError as error:
+        return [str(error)], current
+    if recorded is not None:
+        return differences(recorded, current), current
+    # No sidecar: megatron-core (or an older tokenmill) wrote the entry. Accept it only if the
+    # data predates it; a data file written after the entry cannot be what it was built from.
+    try:
+        built_ns = os.stat(description).st_mtime_ns
+    except FileNotFoundError:
+        return [f"{os.fspath(description)}: missing"], current
+    reasons = []
+    for prefix, files in current["datasets"].items():
+        for suffix, entry in files.items():
+            if entry["mtime_ns"] > built_ns:
+                reasons.append(
+                    f"{prefix}{suffix} (modified at {entry['mtime_ns']} ns) is newer than the "
+                    f"cache entry {os.fspath(description)} (written at {built_ns} ns) and the "
+                    "entry has no data fingerprint"
+                )
+    return reasons, current

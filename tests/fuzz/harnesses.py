@@ -1,0 +1,483 @@
+"""Fuzz harnesses: one per on-disk parser, each a function of the raw bytes of one file.
+
+Every harness writes its input to a fresh file (a new name each time: replacing a file that an
+earlier input still maps would be a SIGBUS, not a parser bug), runs the parser, and then uses
+whatever the parser accepted (reads every sequence, token or sample), because a parser that
+accepts a file is promising that using it is safe. A harness returns True when the input was
+accepted and False when the parser rejected it with one of its *documented* exception types
+(listed in ``ALLOWED``). Any other exception escapes: that is a finding. So do crashes and hangs,
+which atheris reports (``tests/fuzz/run_fuzz.py``).
+
+The same functions are replayed by ``tests/test_fuzz_smoke.py`` (seed corpus plus random
+mutations, a few thousand inputs, no atheris needed) and run for >= 10^6 executions each under
+atheris; commands and results are in ``docs/reliability.md``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import itertools
+import json
+import os
+import struct
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tokenmill.errors import CacheError, DataFormatError
+from tokenmill.formats import bos_index, nanogpt, token_dir
+from tokenmill.formats.megatron import IndexedDataset, _IndexReader
+from tokenmill.index import fingerprint as data_fingerprint
+from tokenmill.index.cache import IndexCache
+from tokenmill.tokenize import fingerprint as tokenizer_sidecar
+
+__all__ = ["ALLOWED", "HARNESSES", "seeds", "set_workdir"]
+
+_state: dict[str, Any] = {"dir": None, "counter": itertools.count()}
+_MAX_ITEMS = 64  # sequences / samples read from an accepted input (keeps one execution short)
+_MAX_BIN_BYTES = 1 << 20
+
+
+def set_workdir(directory: str | os.PathLike[str]) -> None:
+    """Where harnesses write their inputs (default: a temporary directory under $TMPDIR)."""
+    _state["dir"] = Path(directory)
+    _state.pop("gpt", None)
+    Path(directory).mkdir(parents=True, exist_ok=True)
+
+
+def _workdir() -> Path:
+    if _state["dir"] is None:
+        set_workdir(tempfile.mkdtemp(prefix="tokenmill-fuzz-"))
+    directory: Path = _state["dir"]
+    return directory
+
+
+def _fresh(suffix: str, data: bytes, stem: str = "input") -> Path:
+    """Write `data` to a new file `<stem>-<n><suffix>` and remove the previous input's file."""
+    directory = _workdir()
+    number = next(_state["counter"])
+    previous = directory / f"{stem}-{number - 1}{suffix}"
+    with contextlib.suppress(FileNotFoundError):
+        previous.unlink()
+    path = directory / f"{stem}-{number}{suffix}"
+    path.write_bytes(data)
+    return path
+
+
+def _split(data: bytes) -> tuple[int, bytes]:
+    """A selector byte (0 for empty input) and the rest."""
+    return (data[0], data[1:]) if data else (0, b"")
+
+
+# -- Megatron .idx (+ .bin) ----------------------------------------------------------------------
+
+
+def megatron_idx(data: bytes) -> bool:
+    """`.idx` parser, then the `.bin` reads it permits (mmap and pread paths, multimodal)."""
+    selector, body = _split(data)
+    multimodal, mmap = bool(selector & 1), bool(selector & 2)
+    idx_path = _fresh(".idx", body, "megatron")
+    prefix = str(idx_path)[: -len(".idx")]
+    try:
+        reader = _IndexReader(str(idx_path), multimodal)
+        reader.validate()
+        bin_size = reader.expected_bin_size()
+    except DataFormatError:
+        return False
+    if not 0 <= bin_size <= _MAX_BIN_BYTES:
+        return True  # a valid index whose .bin would be too big to write per execution
+    bin_path = prefix + ".bin"
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(bin_path)
+    with open(bin_path, "wb") as stream:
+        stream.truncate(bin_size)
+    try:
+        dataset = IndexedDataset(prefix, multimodal=multimodal, mmap=mmap)
+    except DataFormatError:
+        return False
+    reads: tuple[Callable[[int], Any], ...] = (
+        lambda sequence: dataset[sequence],
+        lambda sequence: dataset.get(sequence, 0, None),
+        lambda sequence: dataset[sequence : sequence + 2],
+    )
+    for sequence in range(min(len(dataset), _MAX_ITEMS)):
+        for read in reads:
+            with contextlib.suppress(DataFormatError, IndexError):
+                read(sequence)
+    os.unlink(bin_path)
+    return True
+
+
+# -- modded-nanogpt shard header -----------------------------------------------------------------
+
+
+def nanogpt_header(data: bytes) -> bool:
+    """`read_nanogpt_header` and `NanogptShard` (maps the tokens and sums them)."""
+    path = _fresh(".bin", data, "nanogpt")
+    nanogpt.is_nanogpt_shard(path)
+    try:
+        nanogpt.read_nanogpt_header(path)
+        shard = nanogpt.NanogptShard(path)
+    except DataFormatError:
+        return False
+    int(shard.tokens.sum(dtype=np.uint64))
+    return True
+
+
+# -- .bos.idx ------------------------------------------------------------------------------------
+
+
+def bos_idx(data: bytes) -> bool:
+    """`read_bos_index`, with and without a token count (the first 4 bytes), then
+    `check_bos_positions` against a synthetic token array."""
+    selector, body = _split(data)
+    token_count: int | None = None
+    if selector & 1 and len(body) >= 4:
+        token_count = struct.unpack_from("<I", body)[0] % 4096
+        body = body[4:]
+    path = _fresh(".bos.idx", body, "bos")
+    try:
+        index = bos_index.read_bos_index(path, token_count)
+    except DataFormatError:
+        return False
+    if token_count is not None:
+        tokens = np.arange(token_count, dtype=np.uint16) % 7
+        with contextlib.suppress(DataFormatError):
+            bos_index.check_bos_positions(str(path), tokens, index.positions, 0)
+    return True
+
+
+# -- .npy token files and raw token directories --------------------------------------------------
+
+
+def npy_tokens(data: bytes) -> bool:
+    """`open_token_file` on a `.npy`, or on a raw file described by a fuzzed `tokenmill.json`."""
+    selector, body = _split(data)
+    try:
+        if selector & 1:
+            # raw file + sidecar: the first byte (after the selector) is the sidecar length
+            length = body[0] if body else 0
+            sidecar, raw = body[1 : 1 + length], body[1 + length :]
+            directory = _workdir() / f"raw-{next(_state['counter'])}"
+            directory.mkdir()
+            (directory / token_dir.RAW_METADATA_NAME).write_bytes(sidecar)
+            (directory / "tokens.bin").write_bytes(raw)
+            try:
+                tokens = token_dir.open_token_file(directory / "tokens.bin")
+                int(tokens.sum(dtype=np.uint64)) if tokens.size else 0
+            finally:
+                for path in directory.iterdir():
+                    path.unlink()
+                directory.rmdir()
+        else:
+            path = _fresh(".npy", body, "tokens")
+            tokens = token_dir.open_token_file(path, np.uint16 if selector & 2 else None)
+            if tokens.size:
+                int(tokens[: 1 << 16].astype(np.int64).sum())
+    except DataFormatError:
+        return False
+    return True
+
+
+# -- index cache: .npy arrays, description, and the samples they select ---------------------------
+
+
+def _gpt_fixture() -> dict[str, Any]:
+    """A tiny shard and a GPTDataset with a valid cache entry, built once per work directory."""
+    if "gpt" in _state:
+        fixture: dict[str, Any] = _state["gpt"]
+        return fixture
+    import warnings
+
+    from tokenmill.datasets.gpt import GPTDataset, GPTDatasetConfig
+    from tokenmill.datasets.utils import Split
+    from tokenmill.formats.megatron import IndexedDatasetBuilder
+
+    # a directory of its own per process: a rewritten shard would make the cache entry stale
+    directory = Path(tempfile.mkdtemp(prefix="gpt-", dir=_workdir()))
+    prefix = str(directory / "corpus")
+    rng = np.random.default_rng(0)
+    builder = IndexedDatasetBuilder(prefix + ".bin", dtype=np.uint16)
+    for _ in range(12):
+        length = int(rng.integers(1, 30))
+        builder.add_document(np.append(rng.integers(1, 50, length), 0), [length + 1])
+    builder.finalize(prefix + ".idx")
+
+    class Tokenizer:
+        def __init__(self) -> None:
+            self.vocab_size, self.eod = 64, 0
+            self.unique_identifiers = {"class": "FuzzTokenizer"}
+
+    config = GPTDatasetConfig(
+        random_seed=1,
+        sequence_length=8,
+        tokenizer=Tokenizer(),
+        split="1",
+        reset_position_ids=True,
+        reset_attention_mask=False,
+        eod_mask_loss=True,
+        create_attention_mask=False,
+        path_to_cache=str(directory / "cache"),
+    )
+    low_level = IndexedDataset(prefix)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dataset = GPTDataset(
+            low_level, prefix, np.arange(len(low_level), dtype=np.int32), 40, Split.train, config
+        )
+    cache = dataset._cache
+    assert cache is not None
+    fixture = {
+        "dataset": dataset,
+        "cache": cache,
+        "specs": dataset._array_specs(dataset._plan()),
+        "files": {name: cache.array_path(name).read_bytes() for name in cache.array_names},
+        "description": cache.description_path.read_bytes(),
+    }
+    _state["gpt"] = fixture
+    return fixture
+
+
+def cache_entry(data: bytes) -> bool:
+    """A cache entry with one fuzzed file (the description or one of the three `.npy` arrays):
+    `IndexCache.load` must report problems instead of raising, `load_or_build` on a non-building
+    rank raises only CacheError, and an accepted entry must serve samples or raise IndexError /
+    CacheError / DataFormatError (never read out of bounds) on both sample paths."""
+    from tokenmill.datasets import gpt as gpt_module
+
+    fixture = _gpt_fixture()
+    cache: IndexCache = fixture["cache"]
+    selector, body = _split(data)
+    names = ("description", *cache.array_names)
+    target = names[selector % len(names)]
+    # restore every file, then replace one (through a new inode: old mappings stay valid)
+    for name in cache.array_names:
+        content = body if name == target else fixture["files"][name]
+        path = cache.array_path(name)
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+        path.write_bytes(content)
+    description = body if target == "description" else fixture["description"]
+    with contextlib.suppress(FileNotFoundError):
+        cache.description_path.unlink()
+    cache.description_path.write_bytes(description)
+
+    loose = {name: spec.__class__(spec.dtypes, ndim=spec.ndim or None) for name, spec in
+             fixture["specs"].items()}  # fmt: skip
+    cache.load(loose)  # never raises: problems are returned
+    try:
+        arrays, _ = cache.load_or_build(
+            _never_build, fixture["specs"], may_build=False, data_check="off"
+        )
+    except CacheError:
+        return False
+    dataset = fixture["dataset"]
+    try:
+        dataset._check_consistency(arrays)
+    except CacheError:
+        return False
+    dataset.document_index = arrays["document_index"]
+    dataset.sample_index = arrays["sample_index"]
+    dataset.shuffle_index = arrays["shuffle_index"]
+    dataset._server = gpt_module._UNSET
+    count = min(len(dataset), 8)
+    for sample in range(count):
+        with contextlib.suppress(IndexError, CacheError, DataFormatError):
+            dataset[sample]
+        with contextlib.suppress(IndexError, CacheError, DataFormatError):
+            dataset._getitem_python(sample)
+    if count:
+        with contextlib.suppress(IndexError, CacheError, DataFormatError):
+            dataset.get_batch(list(range(count)))
+    return True
+
+
+def _never_build() -> dict[str, Any]:
+    raise AssertionError("a non-building rank must not build")
+
+
+# -- tokenizer fingerprint sidecar (tokenize/fingerprint.py) ---------------------------------------
+
+
+_TOKENIZER = {"kind": "bytes", "sha256": "0" * 64, "vocab_size": 258, "bos_id": 256, "eod_id": 257}
+
+
+def tokenizer_fingerprint(data: bytes) -> bool:
+    """`read_sidecar`, `check_tokenizer` and `check_compatible` on a fuzzed sidecar."""
+    path = _fresh(tokenizer_sidecar.SIDECAR_SUFFIX, data, "dataset")
+    prefix = str(path)[: -len(tokenizer_sidecar.SIDECAR_SUFFIX)]
+    try:
+        tokenizer_sidecar.read_sidecar(prefix)
+    except DataFormatError:
+        return False
+    for check in (
+        lambda: tokenizer_sidecar.check_tokenizer(prefix, _TOKENIZER),
+        lambda: tokenizer_sidecar.check_compatible([prefix, prefix]),
+    ):
+        with contextlib.suppress(DataFormatError):
+            check()
+    return True
+
+
+# -- data fingerprint sidecar of a cache entry (index/fingerprint.py) ------------------------------
+
+
+def data_fingerprint_sidecar(data: bytes) -> bool:
+    """`read_fingerprint`, then `differences` against a real fingerprint and `stale_reasons`."""
+    fixture = _gpt_fixture()
+    prefix = fixture["dataset"].dataset.path_prefix
+    path = _fresh(".json", data, "fingerprint")
+    try:
+        recorded = data_fingerprint.read_fingerprint(path)
+    except DataFormatError:
+        return False
+    current = data_fingerprint.fingerprint_prefixes([prefix])
+    if recorded is not None:
+        data_fingerprint.differences(recorded, current)
+        data_fingerprint.differences(current, recorded)
+    data_fingerprint.stale_reasons([prefix], path, fixture["cache"].description_path)
+    return True
+
+
+# -- mixture configs (datasets/mixture_config.py, when present) ----------------------------------
+
+
+def mixture_config(data: bytes) -> bool:
+    """Parse a fuzzed mixture config (JSON text)."""
+    from tokenmill.datasets import mixture_config as module  # type: ignore[attr-defined]
+
+    parse: Callable[[str], Any] = module.parse_mixture_config
+    try:
+        parse(data.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        return False
+    return True
+
+
+# -- registry ------------------------------------------------------------------------------------
+
+
+HARNESSES: dict[str, Callable[[bytes], bool]] = {
+    "megatron_idx": megatron_idx,
+    "nanogpt_header": nanogpt_header,
+    "bos_idx": bos_idx,
+    "npy_tokens": npy_tokens,
+    "cache_entry": cache_entry,
+    "tokenizer_fingerprint": tokenizer_fingerprint,
+    "data_fingerprint": data_fingerprint_sidecar,
+}
+
+ALLOWED: dict[str, tuple[type[BaseException], ...]] = {
+    "megatron_idx": (DataFormatError, IndexError),
+    "nanogpt_header": (DataFormatError,),
+    "bos_idx": (DataFormatError,),
+    "npy_tokens": (DataFormatError,),
+    "cache_entry": (CacheError, IndexError, DataFormatError),
+    "tokenizer_fingerprint": (DataFormatError,),
+    "data_fingerprint": (DataFormatError,),
+}
+"""The exception types each parser documents (what a harness swallows)."""
+
+
+# -- seed corpus ---------------------------------------------------------------------------------
+
+
+def _megatron_seeds() -> list[bytes]:
+    directory = _workdir() / "seeds"
+    directory.mkdir(exist_ok=True)
+    from tokenmill.formats.megatron import IndexedDatasetBuilder
+
+    found = []
+    for number, (dtype, lengths) in enumerate(
+        [(np.uint16, [3, 1, 4]), (np.int32, [5]), (np.uint8, []), (np.int64, [2, 2, 0, 7])]
+    ):
+        for multimodal in (False, True):
+            prefix = str(directory / f"m{number}-{int(multimodal)}")
+            builder = IndexedDatasetBuilder(prefix + ".bin", dtype=dtype, multimodal=multimodal)
+            for length in lengths:
+                builder.add_item(np.arange(length) % 100, mode=length % 3)
+                builder.end_document()
+            builder.finalize(prefix + ".idx")
+            raw = Path(prefix + ".idx").read_bytes()
+            found += [bytes([selector | int(multimodal)]) + raw for selector in (0, 2)]
+    return found
+
+
+def _nanogpt_seeds() -> list[bytes]:
+    found = []
+    for number, (dtype, count) in enumerate([(np.uint16, 5), (np.uint32, 3), (np.uint16, 0)]):
+        path = _workdir() / "seeds" / f"n{number}.bin"
+        path.parent.mkdir(exist_ok=True)
+        nanogpt.write_nanogpt_shard(path, np.arange(count, dtype=dtype))
+        found.append(path.read_bytes())
+    return found
+
+
+def _bos_seeds() -> list[bytes]:
+    narrow = np.array([0, 7, 14], dtype="<i4").tobytes()
+    wide = struct.pack("<i8sIqq", -1, b"TMBOSIDX", 1, 2, 0) + np.array([0, 9], "<i8").tobytes()
+    count = struct.pack("<I", 21)
+    return [b"\x00" + narrow, b"\x01" + count + narrow, b"\x00" + wide, b"\x01" + count + wide]
+
+
+def _npy_seeds() -> list[bytes]:
+    found = []
+    for array in (np.arange(5, dtype=np.uint16), np.arange(3, dtype=">i4"), np.zeros(0, np.int64)):
+        stream = io.BytesIO()
+        np.save(stream, array)
+        found.append(b"\x00" + stream.getvalue())
+        if array.dtype == np.uint16:
+            found.append(b"\x02" + stream.getvalue())  # dtype=uint16 requested
+    sidecar = json.dumps({"dtype": "uint16"}).encode()
+    found.append(b"\x01" + bytes([len(sidecar)]) + sidecar + np.arange(4, dtype="<u2").tobytes())
+    return found
+
+
+def _cache_seeds() -> list[bytes]:
+    fixture = _gpt_fixture()
+    cache: IndexCache = fixture["cache"]
+    names = ("description", *cache.array_names)
+    found = [bytes([0]) + fixture["description"]]
+    found += [bytes([names.index(n)]) + fixture["files"][n] for n in cache.array_names]
+    return found
+
+
+def _tokenizer_seeds() -> list[bytes]:
+    payload = {
+        "format": "tokenmill.dataset",
+        "version": 1,
+        "tokenizer": _TOKENIZER,
+        "dtype": "uint16",
+        "documents": 3,
+    }
+    other = dict(payload, tokenizer=dict(_TOKENIZER, vocab_size=300))
+    return [json.dumps(payload).encode(), json.dumps(other, indent=1).encode()]
+
+
+def _fingerprint_seeds() -> list[bytes]:
+    fixture = _gpt_fixture()
+    payload = data_fingerprint.fingerprint_prefixes([fixture["dataset"].dataset.path_prefix])
+    return [json.dumps(payload).encode(), json.dumps(data_fingerprint.fingerprint_prefixes([]))]
+
+
+def _mixture_seeds() -> list[bytes]:
+    return [b"{}"]
+
+
+def seeds(name: str) -> list[bytes]:
+    """Valid inputs of harness `name` (its seed corpus), written by tokenmill's own writers."""
+    makers: dict[str, Callable[[], list[Any]]] = {
+        "megatron_idx": _megatron_seeds,
+        "nanogpt_header": _nanogpt_seeds,
+        "bos_idx": _bos_seeds,
+        "npy_tokens": _npy_seeds,
+        "cache_entry": _cache_seeds,
+        "tokenizer_fingerprint": _tokenizer_seeds,
+        "data_fingerprint": _fingerprint_seeds,
+        "mixture_config": _mixture_seeds,
+    }
+    return [item if isinstance(item, bytes) else item.encode() for item in makers[name]()]

@@ -1,0 +1,300 @@
+"""Stale data: a `.bin/.idx` replaced behind a cached index is detected by its fingerprint."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from tokenmill.datasets.blended import BlendedDataset
+from tokenmill.datasets.gpt import GPTDataset, GPTDatasetConfig
+from tokenmill.datasets.utils import Split
+from tokenmill.errors import CacheError, DataFormatError, StaleCacheError
+from tokenmill.formats.megatron import IndexedDataset
+from tokenmill.index import fingerprint
+
+from conftest import TinyTokenizer, random_documents, write_megatron_shard
+
+pytestmark = pytest.mark.filterwarnings("ignore::tokenmill.errors.PerformanceWarning")
+
+
+def make_config(cache: Path, **fields: Any) -> GPTDatasetConfig:
+    values: dict[str, Any] = {
+        "random_seed": 5,
+        "sequence_length": 40,
+        "tokenizer": TinyTokenizer(),
+        "split": "1",
+        "reset_position_ids": False,
+        "reset_attention_mask": False,
+        "eod_mask_loss": False,
+        "create_attention_mask": False,
+        "path_to_cache": str(cache),
+    }
+    values.update(fields)
+    return GPTDatasetConfig(**values)
+
+
+def build(shard: str, config: GPTDatasetConfig, num_samples: int = 300) -> GPTDataset:
+    low_level = IndexedDataset(shard)
+    indices = np.arange(len(low_level), dtype=np.int32)
+    return GPTDataset(low_level, shard, indices, num_samples, Split.train, config)
+
+
+def arrays(dataset: GPTDataset) -> list[np.ndarray]:
+    return [
+        np.array(dataset.document_index),
+        np.array(dataset.sample_index),
+        np.array(dataset.shuffle_index),
+    ]
+
+
+def assert_same_arrays(first: GPTDataset, second: GPTDataset) -> None:
+    for a, b in zip(arrays(first), arrays(second)):
+        assert a.dtype == b.dtype
+        np.testing.assert_array_equal(a, b)
+
+
+def retokenize(shard: str, seed: int, count: int = 200, same_lengths: bool = False) -> None:
+    """Replace the shard's .bin/.idx in place with different documents (a new tokenization),
+    optionally with the same document lengths (then every index array keeps its shape)."""
+    stat = os.stat(shard + ".idx")
+    rng = np.random.default_rng(seed)
+    if same_lengths:
+        lengths = IndexedDataset(shard).sequence_lengths.tolist()
+        documents = [[*rng.integers(1, 1000, n - 1).tolist(), 0] for n in lengths]
+    else:
+        documents = random_documents(rng, count)
+    write_megatron_shard(shard, documents)
+    # make the mtime move even on filesystems with coarse timestamps
+    later = stat.st_mtime_ns + 10**9
+    for suffix in (".bin", ".idx"):
+        os.utime(shard + suffix, ns=(later, later))
+
+
+def fresh_reference(shard: str, tmp_path: Path) -> GPTDataset:
+    return build(shard, make_config(tmp_path / "reference", cache_data_check="off"))
+
+
+def test_replaced_data_is_rebuilt_by_default(
+    shard: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    config = make_config(tmp_path / "cache")
+    old = build(shard, config)
+    retokenize(shard, seed=99, count=180)
+    with caplog.at_level(logging.WARNING, logger="tokenmill.index.cache"):
+        new = build(shard, config)
+    assert "rebuilding stale index cache" in caplog.text
+    assert f"{shard}.idx: size was" in caplog.text
+    assert not all(np.array_equal(a, b) for a, b in zip(arrays(old), arrays(new)))
+    assert_same_arrays(new, fresh_reference(shard, tmp_path))
+    # the rebuilt entry records the new data, so the next run is a plain hit
+    recorded = fingerprint.read_fingerprint(new._cache.fingerprint_path)  # type: ignore[union-attr]
+    assert recorded == fingerprint.fingerprint_prefixes([shard])
+
+
+def test_replaced_data_is_an_error_with_policy_error(shard: str, tmp_path: Path) -> None:
+    config = make_config(tmp_path / "cache", cache_data_check="error")
+    build(shard, config)
+    retokenize(shard, seed=99)
+    with pytest.raises(StaleCacheError, match=rf"{shard}\.bin: mtime_ns was \d+, now \d+"):
+        build(shard, config)
+
+
+def test_replaced_data_is_an_error_on_ranks_that_do_not_build(
+    shard: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = make_config(tmp_path / "cache")
+    build(shard, config)
+    retokenize(shard, seed=99)
+    monkeypatch.setattr("tokenmill.datasets.gpt.is_cache_builder", lambda scope: False)
+    with pytest.raises(StaleCacheError, match="built from different data"):
+        build(shard, config)
+
+
+def test_same_size_and_mtime_but_new_contents_is_detected(shard: str, tmp_path: Path) -> None:
+    """The sampled sha256 catches a rewrite that keeps the size and restores the mtime."""
+    config = make_config(tmp_path / "cache", cache_data_check="error")
+    build(shard, config)
+    stat = os.stat(shard + ".bin")
+    tokens = np.fromfile(shard + ".bin", dtype=np.uint16)
+    tokens[:10] = 7
+    tokens.tofile(shard + ".bin")
+    os.utime(shard + ".bin", ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert os.stat(shard + ".bin").st_size == stat.st_size
+    with pytest.raises(StaleCacheError, match=rf"{shard}\.bin: sample_sha256 was"):
+        build(shard, config)
+
+
+def test_off_is_megatrons_path_only_behaviour(shard: str, tmp_path: Path) -> None:
+    config = make_config(tmp_path / "cache", cache_data_check="off")
+    old = build(shard, config)
+    assert not list((tmp_path / "cache").glob("*.tokenmill.json"))
+    retokenize(shard, seed=99, same_lengths=True)
+    reused = build(shard, config)  # megatron-core silently reuses the stale entry
+    assert_same_arrays(old, reused)
+    assert not list((tmp_path / "cache").glob("*.tokenmill.json"))
+
+
+def test_entry_without_fingerprint_is_adopted_when_data_is_older(
+    shard: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An entry megatron-core wrote (no sidecar) over unchanged data is a hit and gets a sidecar."""
+    old = build(shard, make_config(tmp_path / "cache", cache_data_check="off"))
+    (description,) = (tmp_path / "cache").glob("*-description.txt")
+    later = os.stat(shard + ".idx").st_mtime_ns + 10**9
+    os.utime(description, ns=(later, later))
+
+    def no_build(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("rebuilt an entry whose data is unchanged")
+
+    monkeypatch.setattr("tokenmill.datasets.gpt.build_gpt_indices", no_build)
+    adopted = build(shard, make_config(tmp_path / "cache"))
+    assert_same_arrays(old, adopted)
+    (sidecar,) = (tmp_path / "cache").glob("*-GPTDataset-train-data.tokenmill.json")
+    assert fingerprint.read_fingerprint(sidecar) == fingerprint.fingerprint_prefixes([shard])
+
+
+def test_entry_without_fingerprint_and_newer_data_is_stale(shard: str, tmp_path: Path) -> None:
+    build(shard, make_config(tmp_path / "cache", cache_data_check="off"))
+    retokenize(shard, seed=99)
+    with pytest.raises(StaleCacheError, match="is newer than the cache entry"):
+        build(shard, make_config(tmp_path / "cache", cache_data_check="error"))
+    rebuilt = build(shard, make_config(tmp_path / "cache"))
+    assert_same_arrays(rebuilt, fresh_reference(shard, tmp_path))
+
+
+def test_corrupt_fingerprint_is_stale(shard: str, tmp_path: Path) -> None:
+    config = make_config(tmp_path / "cache")
+    build(shard, config)
+    (sidecar,) = (tmp_path / "cache").glob("*.tokenmill.json")
+    sidecar.write_text("{not json")
+    with pytest.raises(StaleCacheError, match="not a JSON fingerprint"):
+        build(shard, make_config(tmp_path / "cache", cache_data_check="error"))
+    build(shard, config)  # rebuilt, with a valid sidecar again
+    assert fingerprint.read_fingerprint(sidecar) is not None
+
+
+def test_deferred_load_of_stale_data_raises(shard: str, tmp_path: Path) -> None:
+    build(shard, make_config(tmp_path / "cache"))
+    retokenize(shard, seed=99)
+    deferred = build(shard, make_config(tmp_path / "cache", defer_npy_index_mmap=True))
+    with pytest.raises(StaleCacheError, match="deferred load cannot rebuild"):
+        deferred[0]
+
+
+def test_blend_is_rebuilt_when_a_member_changes(tmp_path: Path) -> None:
+    shards = [
+        write_megatron_shard(tmp_path / f"part{i}", random_documents(np.random.default_rng(i), 60))
+        for i in range(2)
+    ]
+    config = make_config(tmp_path / "cache", blend=(shards, None))
+
+    def blend() -> BlendedDataset:
+        members = [build(shard, config, num_samples=None) for shard in shards]  # type: ignore[arg-type]
+        return BlendedDataset(members, [len(m) for m in members], None, config)
+
+    before = blend()
+    assert len(list((tmp_path / "cache").glob("*-BlendedDataset-train-data.tokenmill.json"))) == 1
+    retokenize(shards[1], seed=7, count=150)
+    after = blend()
+    assert len(after) != len(before)
+    members = [build(shard, make_config(tmp_path / "ref"), num_samples=None) for shard in shards]  # type: ignore[arg-type]
+    reference = BlendedDataset(
+        members, [len(m) for m in members], None, make_config(tmp_path / "ref")
+    )
+    np.testing.assert_array_equal(np.array(after.dataset_index), np.array(reference.dataset_index))
+    np.testing.assert_array_equal(
+        np.array(after.dataset_sample_index), np.array(reference.dataset_sample_index)
+    )
+
+
+def test_invalid_policy_is_rejected(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="cache_data_check must be 'rebuild', 'error' or 'off'"):
+        make_config(tmp_path, cache_data_check="sometimes")
+
+
+# -- the fingerprint module ------------------------------------------------------------------
+
+
+def test_fingerprint_fields_and_differences(shard: str) -> None:
+    payload = fingerprint.fingerprint_prefixes([shard])
+    entry = payload["datasets"][shard][".idx"]
+    assert entry["size"] == os.path.getsize(shard + ".idx")
+    assert entry["mtime_ns"] == os.stat(shard + ".idx").st_mtime_ns
+    assert fingerprint.differences(payload, payload) == []
+    changed = json.loads(json.dumps(payload))
+    changed["datasets"][shard][".bin"]["size"] += 2
+    assert fingerprint.differences(payload, changed) == [
+        f"{shard}.bin: size was {entry_size(payload, shard)}, now {entry_size(payload, shard) + 2}"
+    ]
+    other = fingerprint.fingerprint_prefixes([])
+    assert fingerprint.differences(payload, other) == [
+        f"dataset {shard!r} is recorded but not part of this config"
+    ]
+    assert fingerprint.differences(other, payload) == [
+        f"dataset {shard!r} has no recorded fingerprint"
+    ]
+
+
+def entry_size(payload: dict[str, Any], shard: str) -> int:
+    return int(payload["datasets"][shard][".bin"]["size"])
+
+
+def test_fingerprint_reads_both_ends_of_large_files(tmp_path: Path) -> None:
+    path = tmp_path / "big.bin"
+    data = bytearray(3 * fingerprint.SAMPLE_BYTES)
+    path.write_bytes(bytes(data))
+    first = fingerprint.fingerprint_file(path)
+    data[-1] = 1  # only the tail differs
+    path.write_bytes(bytes(data))
+    assert fingerprint.fingerprint_file(path)["sample_sha256"] != first["sample_sha256"]
+    data[-1] = 0
+    data[len(data) // 2] = 1  # the middle is not sampled
+    path.write_bytes(bytes(data))
+    assert fingerprint.fingerprint_file(path)["sample_sha256"] == first["sample_sha256"]
+
+
+def test_fingerprint_round_trip_and_missing(shard: str, tmp_path: Path) -> None:
+    payload = fingerprint.fingerprint_prefixes([shard])
+    fingerprint.write_fingerprint(tmp_path / "f.json", payload)
+    assert fingerprint.read_fingerprint(tmp_path / "f.json") == payload
+    assert fingerprint.read_fingerprint(tmp_path / "absent.json") is None
+    with pytest.raises(FileNotFoundError):
+        fingerprint.fingerprint_prefixes([str(tmp_path / "nothing")])
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (b"\xff\xfe", "not a JSON fingerprint"),
+        (b"[]", "format is 'list'"),
+        (b'{"format": "other"}', "format is 'other'"),
+        (b'{"format": "tokenmill.data-fingerprint", "version": 2}', "unsupported fingerprint"),
+        (b'{"format": "tokenmill.data-fingerprint", "version": 1, "datasets": 3}', "'datasets'"),
+        (
+            b'{"format": "tokenmill.data-fingerprint", "version": 1, "datasets": {"a": {}}}',
+            "dataset 'a' must map",
+        ),
+        (
+            b'{"format": "tokenmill.data-fingerprint", "version": 1, "datasets": {"a": '
+            b'{".bin": {"size": -1, "mtime_ns": 0, "sample_sha256": ""}, ".idx": 5}}}',
+            "field 'size' is invalid: -1",
+        ),
+    ],
+)
+def test_malformed_fingerprint_is_a_data_format_error(
+    tmp_path: Path, text: bytes, message: str
+) -> None:
+    path = tmp_path / "f.json"
+    path.write_bytes(text)
+    with pytest.raises(DataFormatError, match=message):
+        fingerprint.read_fingerprint(path)
+
+
+def test_stale_error_is_a_cache_error() -> None:
+    assert issubclass(StaleCacheError, CacheError)
