@@ -750,7 +750,7 @@ void register_token_scan(py::module_& m) {
 // ---- mixtures: Philox4x64-10 and chunk sources ------------------------------------------------
 namespace {
 
-// A sequence of `size` Python ints, each in [0, 2^64) (pybind11 raises TypeError otherwise).
+// A sequence of `size` Python ints, each in [0, 2^64).
 template <size_t size>
 std::array<uint64_t, size> words(const py::sequence& values, const char* what) {
   if (values.size() != size) {
@@ -758,7 +758,20 @@ std::array<uint64_t, size> words(const py::sequence& values, const char* what) {
                                 " words, got " + std::to_string(values.size()));
   }
   std::array<uint64_t, size> result{};
-  for (size_t i = 0; i < size; ++i) result[i] = values[i].cast<uint64_t>();
+  for (size_t i = 0; i < size; ++i) {
+    const py::object value = values[i];
+    if (!PyLong_Check(value.ptr())) {
+      throw py::type_error(std::string(what) + " word " + std::to_string(i) +
+                           " must be an int, got " + std::string(py::str(py::type::of(value))));
+    }
+    const unsigned long long word = PyLong_AsUnsignedLongLong(value.ptr());
+    if (PyErr_Occurred()) {
+      PyErr_Clear();
+      throw std::invalid_argument(std::string(what) + " word " + std::to_string(i) +
+                                  " must be in [0, 2^64), got " + std::string(py::str(value)));
+    }
+    result[i] = static_cast<uint64_t>(word);
+  }
   return result;
 }
 

@@ -42,6 +42,14 @@ _EXPORTS: dict[str, str] = {
     "open_token_file": "tokenmill.formats.token_dir",
     "find_token_positions": "tokenmill.index.token_scan",
     "World": "tokenmill.loading.world",
+    "Mixture": "tokenmill.datasets.mixture",
+    "MixtureConfig": "tokenmill.datasets.mixture_config",
+    "MixtureSource": "tokenmill.datasets.mixture_config",
+    "MixturePhase": "tokenmill.datasets.mixture_config",
+    "MixtureConfigError": "tokenmill.datasets.mixture_config",
+    "MixtureDataset": "tokenmill.loading.mixture",
+    "MixtureLoader": "tokenmill.loading.mixture",
+    "SourceExhaustedError": "tokenmill.index.mixture_plan",
     "TokenmillError": "tokenmill.errors",
     "DataFormatError": "tokenmill.errors",
     "CacheError": "tokenmill.errors",
@@ -77,6 +85,14 @@ __all__ = [  # noqa: RUF022 - grouped like _EXPORTS
     "open_token_file",
     "find_token_positions",
     "World",
+    "Mixture",
+    "MixtureConfig",
+    "MixtureSource",
+    "MixturePhase",
+    "MixtureConfigError",
+    "MixtureDataset",
+    "MixtureLoader",
+    "SourceExhaustedError",
     "PerformanceWarning",
     "TokenmillError",
     "DataFormatError",
@@ -89,6 +105,13 @@ if TYPE_CHECKING:
     from tokenmill.datasets.config import BlendedMegatronDatasetConfig
     from tokenmill.datasets.gpt import GPTDataset, GPTDatasetConfig, MockGPTDataset
     from tokenmill.datasets.memory_mapped import MemoryMappedDataset
+    from tokenmill.datasets.mixture import Mixture
+    from tokenmill.datasets.mixture_config import (
+        MixtureConfig,
+        MixtureConfigError,
+        MixturePhase,
+        MixtureSource,
+    )
     from tokenmill.datasets.nanogpt import NanogptDataset
     from tokenmill.datasets.packed import PackedDataset, PackingConfig, document_block_mask
     from tokenmill.datasets.utils import (
@@ -103,7 +126,9 @@ if TYPE_CHECKING:
     from tokenmill.formats.megatron import DType, IndexedDataset, IndexedDatasetBuilder
     from tokenmill.formats.nanogpt import NanogptShard, NanogptShardWriter, write_nanogpt_shard
     from tokenmill.formats.token_dir import open_token_file
+    from tokenmill.index.mixture_plan import SourceExhaustedError
     from tokenmill.index.token_scan import find_token_positions
+    from tokenmill.loading.mixture import MixtureDataset, MixtureLoader
     from tokenmill.loading.world import World
 
 

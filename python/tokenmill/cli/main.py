@@ -17,7 +17,7 @@ Registrar = Callable[["argparse._SubParsersAction[argparse.ArgumentParser]"], No
 
 
 def _subcommand_registrars() -> list[Registrar]:
-    from tokenmill.cli import bench, convert, demo, inspect_cmd, tokenize_cmd
+    from tokenmill.cli import bench, convert, demo, inspect_cmd, tokenize_cmd, validate
 
     return [
         demo.register,
@@ -25,6 +25,7 @@ def _subcommand_registrars() -> list[Registrar]:
         convert.register,
         inspect_cmd.register,
         bench.register,
+        validate.register,
     ]
 
 

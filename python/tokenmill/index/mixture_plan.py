@@ -31,8 +31,10 @@ fresh draw (``draw`` = number of exhausted sources), so the choice still depends
 from __future__ import annotations
 
 import bisect
+import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import Any
 
 import numpy as np
@@ -63,26 +65,27 @@ class SourceExhaustedError(TokenmillError, RuntimeError):
 
 
 def weight_thresholds(weights: Sequence[float]) -> npt.NDArray[np.uint64]:
-    """Cumulative weights scaled to integers in [0, 2^53], the last exactly 2^53.
+    """Cumulative weight shares as integers in [0, 2^53]: ``ceil(2^53 * cumsum / total)``.
 
-    A source of weight 0 gets the threshold of the source before it, so no draw picks it.
+    Computed in exact rational arithmetic, so ``u53 < threshold[s]`` holds exactly when
+    ``u53 / 2^53 < cumsum[s] / total``; the last threshold is 2^53 and a source of weight 0
+    repeats the threshold before it, so no draw picks it.
 
     Raises:
         ValueError: no weight is > 0, or a weight is negative or not finite.
     """
-    values = np.asarray(weights, dtype=np.float64)
-    if values.ndim != 1 or not np.all(np.isfinite(values)) or np.any(values < 0):
-        raise ValueError(f"weights must be finite and >= 0, got {list(weights)}")
-    total = float(np.sum(values))
+    values = [float(w) for w in weights]
+    if not values or any(not math.isfinite(w) or w < 0 for w in values):
+        raise ValueError(f"weights must be finite and >= 0, got {values}")
+    total = sum(Fraction(w) for w in values)
     if total <= 0:
-        raise ValueError(f"weights need one value > 0, got {list(weights)}")
-    cumulative = np.cumsum(values) / total
-    thresholds = np.minimum(np.floor(cumulative * THRESHOLD_ONE), THRESHOLD_ONE).astype(np.uint64)
-    thresholds[values == 0] = 0
-    thresholds = np.maximum.accumulate(thresholds)  # zero weight: same threshold as before
-    last = int(np.flatnonzero(values > 0)[-1])
-    thresholds[last:] = THRESHOLD_ONE
-    return thresholds
+        raise ValueError(f"weights need one value > 0, got {values}")
+    thresholds, cumulative = [], Fraction(0)
+    for w in values:
+        cumulative += Fraction(w)
+        share = cumulative * THRESHOLD_ONE / total
+        thresholds.append(-(-share.numerator // share.denominator))  # ceil
+    return np.asarray(thresholds, dtype=np.uint64)
 
 
 @dataclass(frozen=True)
