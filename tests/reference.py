@@ -365,8 +365,9 @@ def mixture_stream_reference(
             weights = [0.0 if s in excluded else w for s, w in enumerate(phases[phase][1])]
             if not any(w > 0 for w in weights):
                 raise RuntimeError(f"phase {phase} exhausted at {p}")
-            source = chunk_source_reference(weights, (seed, phase), segment_start,
-                                            len(excluded), chunk)
+            source = chunk_source_reference(
+                weights, (seed, phase), segment_start, len(excluded), chunk
+            )
             if used[source] < len(streams[source]):
                 break
             if exhaustion == "halt":

@@ -13,12 +13,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import write_megatron_shard
-from reference import mixture_stream_reference, source_stream_reference
 from tokenmill import World
 from tokenmill.datasets.mixture import Mixture
 from tokenmill.datasets.mixture_config import MixtureConfig, MixtureConfigError
 from tokenmill.index.mixture_plan import SourceExhaustedError
+
+from conftest import write_megatron_shard
+from reference import mixture_stream_reference, source_stream_reference
 
 torch = pytest.importorskip("torch")
 from tokenmill.loading.mixture import MixtureDataset, MixtureLoader
@@ -94,7 +95,10 @@ def run_loader(
     states = []
     for rank in range(world_size):
         loader = MixtureLoader(
-            mixture, length, batch, num_workers=num_workers,
+            mixture,
+            length,
+            batch,
+            num_workers=num_workers,
             world=World(rank=rank, world_size=world_size),
         )
         if state is not None:
@@ -153,8 +157,9 @@ def test_cursor_matches_token_by_token_reference(
     root = tmp_path_factory.mktemp("cursor")
     prefixes, documents = write_sources(root, [10, 25, 4], seed=seed % 1000)
     phases = list(zip(budgets, weights))
-    mixture = Mixture(config_dict(prefixes, phases, seed=seed, chunk_tokens=chunk,
-                                  exhaustion=exhaustion))
+    mixture = Mixture(
+        config_dict(prefixes, phases, seed=seed, chunk_tokens=chunk, exhaustion=exhaustion)
+    )
     streams = streams_of(documents, seed)
     cursor = mixture.cursor()
     for step in steps:
@@ -195,8 +200,12 @@ def test_ranks_and_workers_split_the_same_stream(tmp_path: Path) -> None:
     mixture = Mixture(config_dict(prefixes, [(900, [0.5, 0.3, 0.2]), (700, [0.1, 0.1, 0.8])]))
     single, state = run_loader(mixture, 1, 6, 20, None)
     expected, _, _ = mixture_stream_reference(
-        streams_of(documents, 7), [(900, [0.5, 0.3, 0.2]), (700, [0.1, 0.1, 0.8])], 7, 16,
-        "halt", len(single),
+        streams_of(documents, 7),
+        [(900, [0.5, 0.3, 0.2]), (700, [0.1, 0.1, 0.8])],
+        7,
+        16,
+        "halt",
+        len(single),
     )
     assert single == expected
     assert state["mixture"]["position"] == len(single) == 1560  # 13 steps of 120 tokens
@@ -257,8 +266,15 @@ def test_weight_and_phase_change_at_resume_continue_every_source_from_its_ledger
         assert old + new == streams[source][: len(old) + len(new)]
     # the new segment draws with the new weights, chunks counted from the resume position
     expected, _, _ = mixture_stream_reference(
-        streams, [(600, [0.1, 0.1, 0.8]), (400, [1.0, 0.0, 0.0])], 7, 16, "halt", len(after),
-        position=500, segment_start=500, ledger=[ledger[f"s{s}"] for s in range(3)],
+        streams,
+        [(600, [0.1, 0.1, 0.8]), (400, [1.0, 0.0, 0.0])],
+        7,
+        16,
+        "halt",
+        len(after),
+        position=500,
+        segment_start=500,
+        ledger=[ledger[f"s{s}"] for s in range(3)],
     )
     assert after == expected
     # a second resume under the new mixture continues its segment exactly
@@ -278,10 +294,9 @@ def test_halt_stops_every_rank_at_the_same_step_with_a_consistent_state(tmp_path
     delivered, states = [], []
     for rank in range(2):
         loader = MixtureLoader(mixture, 10, 4, world=World(rank=rank, world_size=2))
-        batches = []
+        batches: list[Any] = []
         with pytest.raises(SourceExhaustedError, match="source 's1' is exhausted"):
-            for item in loader:
-                batches.append(item["tokens"])
+            batches.extend(item["tokens"] for item in loader)
         delivered.append(len(batches))
         states.append(loader.state_dict())
     assert delivered[0] == delivered[1] > 0
@@ -298,7 +313,12 @@ def test_halt_stops_every_rank_at_the_same_step_with_a_consistent_state(tmp_path
     s1 = per_source(before + resumed, 3)[1]
     assert s1 == streams[1] and final["mixture"]["ledger"]["s1"] == inventory
     expected, _, _ = mixture_stream_reference(
-        streams, [(1500, [0.4, 0.3, 0.3])], 7, 16, "drop", len(resumed),
+        streams,
+        [(1500, [0.4, 0.3, 0.3])],
+        7,
+        16,
+        "drop",
+        len(resumed),
         position=consistent["position"],
         ledger=[consistent["ledger"][f"s{s}"] for s in range(3)],
     )
@@ -309,7 +329,7 @@ def test_drop_renormalises_the_remaining_sources(tmp_path: Path) -> None:
     prefixes, documents = write_sources(tmp_path, [80, 6, 80])
     phases = [(2000, [0.2, 0.6, 0.2])]
     mixture = Mixture(config_dict(prefixes, phases, exhaustion="drop"))
-    stream, state = run_loader(mixture, 2, 4, 25, None)
+    stream, _ = run_loader(mixture, 2, 4, 25, None)
     streams = streams_of(documents, 7)
     assert stream == mixture_stream_reference(streams, phases, 7, 16, "drop", len(stream))[0]
     sources = [token // SOURCE_BASE for token in stream]
@@ -451,17 +471,25 @@ def test_toml_yaml_and_dict_configs_agree(tmp_path: Path) -> None:
     )
     yaml = pytest.importorskip("yaml")
     (tmp_path / "mix.yaml").write_text(
-        yaml.safe_dump({
-            "seed": 3, "chunk_tokens": 8, "sources": {"s0": {"paths": ["s0"]}, "s1": "s1"},
-            "phases": [{"name": "a", "tokens": 1000, "weights": {"s0": 1, "s1": 0.5}}],
-        })
+        yaml.safe_dump(
+            {
+                "seed": 3,
+                "chunk_tokens": 8,
+                "sources": {"s0": {"paths": ["s0"]}, "s1": "s1"},
+                "phases": [{"name": "a", "tokens": 1000, "weights": {"s0": 1, "s1": 0.5}}],
+            }
+        )
     )
     from_toml = MixtureConfig.from_file(tmp_path / "mix.toml")
     from_yaml = MixtureConfig.from_file(tmp_path / "mix.yaml")
-    from_dict = MixtureConfig.from_dict({
-        "seed": 3, "chunk_tokens": 8, "sources": {"s0": prefixes[0], "s1": [prefixes[1]]},
-        "phases": [{"name": "a", "tokens": 1000, "weights": {"s0": 1, "s1": 0.5}}],
-    })
+    from_dict = MixtureConfig.from_dict(
+        {
+            "seed": 3,
+            "chunk_tokens": 8,
+            "sources": {"s0": prefixes[0], "s1": [prefixes[1]]},
+            "phases": [{"name": "a", "tokens": 1000, "weights": {"s0": 1, "s1": 0.5}}],
+        }
+    )
     assert from_toml == from_yaml == from_dict
     assert MixtureConfig.from_dict(from_toml.to_dict()) == from_toml
     assert Mixture(tmp_path / "mix.toml").fingerprint() == Mixture(from_dict).fingerprint()
@@ -488,52 +516,68 @@ def test_config_errors_name_the_field_and_value(tmp_path: Path) -> None:
     _bad({**base, "sources": {"web": {"paths": [3]}}}, "sources.web.paths: not a path: 3")
     _bad({**base, "sources": {"web": {"path": "a", "paths": ["b"]}}}, "not both")
     _bad({**base, "sources": {"web": {"paths": "a", "size": 1}}}, "sources.web.size: unknown")
-    _bad({**base, "sources": {"web": {"paths": "a", "epochs": 0}}},
-         "sources.web.epochs must be >= 1, got 0")
-    _bad({**base, "sources": {"web": {"paths": "a", "bos_token": -2}}},
-         "sources.web.bos_token must be >= 0, got -2")
+    _bad(
+        {**base, "sources": {"web": {"paths": "a", "epochs": 0}}},
+        "sources.web.epochs must be >= 1, got 0",
+    )
+    _bad(
+        {**base, "sources": {"web": {"paths": "a", "bos_token": -2}}},
+        "sources.web.bos_token must be >= 0, got -2",
+    )
     _bad({**base, "sources": {"web": {"paths": "a", "dtype": 5}}}, "sources.web.dtype must be")
     _bad({**base, "phases": {}}, "phases must be a list of phases")
     _bad({**base, "phases": []}, "phases: no phases")
     _bad({**base, "phases": [3]}, "phases\\[0\\] must be a table, got 3")
     _bad({**base, "phases": [{"weights": {"web": 1}}]}, "phases\\[0\\].tokens is missing")
     _bad({**base, "phases": [{"tokens": 5}]}, "phases\\[0\\].weights is missing")
-    _bad({**base, "phases": [{"tokens": 5, "weights": {"web": 1}, "x": 1}]},
-         "phases\\[0\\].x: unknown field")
-    _bad({**base, "phases": [{"tokens": 0, "weights": {"web": 1}}]},
-         "phases.phase0.tokens must be >= 1, got 0")
+    _bad(
+        {**base, "phases": [{"tokens": 5, "weights": {"web": 1}, "x": 1}]},
+        "phases\\[0\\].x: unknown field",
+    )
+    _bad(
+        {**base, "phases": [{"tokens": 0, "weights": {"web": 1}}]},
+        "phases.phase0.tokens must be >= 1, got 0",
+    )
     _bad({**base, "phases": [{"tokens": 5, "weights": [1]}]}, "weights must be a table")
-    _bad({**base, "phases": [{"tokens": 5, "weights": {"web": "a"}}]},
-         "phases.phase0.weights.web must be a number, got 'a'")
-    _bad({**base, "phases": [{"tokens": 5, "weights": {"web": -1}}]},
-         "phases.phase0.weights.web must be finite and >= 0, got -1")
-    _bad({**base, "phases": [{"tokens": 5, "weights": {"web": float("inf")}}]},
-         "must be finite and >= 0, got inf")
+    _bad(
+        {**base, "phases": [{"tokens": 5, "weights": {"web": "a"}}]},
+        "phases.phase0.weights.web must be a number, got 'a'",
+    )
+    _bad(
+        {**base, "phases": [{"tokens": 5, "weights": {"web": -1}}]},
+        "phases.phase0.weights.web must be finite and >= 0, got -1",
+    )
+    _bad(
+        {**base, "phases": [{"tokens": 5, "weights": {"web": float("inf")}}]},
+        "must be finite and >= 0, got inf",
+    )
     _bad({**base, "phases": [{"tokens": 5, "weights": {"web": 0}}]}, "needs a weight > 0")
-    _bad({**base, "phases": [{"tokens": 5, "weights": {"code": 1}}]},
-         "phases.phase0.weights.code: no source named 'code' \\(sources: web\\)")
-    with pytest.raises(MixtureConfigError, match="mix.json: a mixture config must end in"):
-        (tmp_path / "mix.json").write_text("{}")
+    _bad(
+        {**base, "phases": [{"tokens": 5, "weights": {"code": 1}}]},
+        "phases.phase0.weights.code: no source named 'code' \\(sources: web\\)",
+    )
+    (tmp_path / "mix.json").write_text("{}")
+    with pytest.raises(MixtureConfigError, match=r"mix.json: a mixture config must end in"):
         MixtureConfig.from_file(tmp_path / "mix.json")
     (tmp_path / "bad.toml").write_text("seed = = 1")
-    with pytest.raises(MixtureConfigError, match="bad.toml: not valid TOML"):
+    with pytest.raises(MixtureConfigError, match=r"bad.toml: not valid TOML"):
         MixtureConfig.from_file(tmp_path / "bad.toml")
-    (tmp_path / "bad.yaml").write_text("seed: [1")
-    pytest.importorskip("yaml")
-    with pytest.raises(MixtureConfigError, match="bad.yaml: not valid YAML"):
-        MixtureConfig.from_file(tmp_path / "bad.yaml")
-    (tmp_path / "list.yaml").write_text("- 1\n")
-    with pytest.raises(MixtureConfigError, match="list.yaml: must be a table/mapping, got list"):
-        MixtureConfig.from_file(tmp_path / "list.yaml")
     with pytest.raises(FileNotFoundError):
         Mixture({**base, "sources": {"web": str(tmp_path / "nothing")}})
+    pytest.importorskip("yaml")
+    (tmp_path / "bad.yaml").write_text("seed: [1")
+    with pytest.raises(MixtureConfigError, match=r"bad.yaml: not valid YAML"):
+        MixtureConfig.from_file(tmp_path / "bad.yaml")
+    (tmp_path / "list.yaml").write_text("- 1\n")
+    with pytest.raises(MixtureConfigError, match=r"list.yaml: must be a table/mapping, got list"):
+        MixtureConfig.from_file(tmp_path / "list.yaml")
 
 
 def test_sources_in_every_format(tmp_path: Path) -> None:
     from tokenmill.formats.nanogpt import write_nanogpt_shard
 
     rng = np.random.default_rng(5)
-    documents = [[1] + rng.integers(2, 500, int(rng.integers(1, 20))).tolist() for _ in range(30)]
+    documents = [[1, *rng.integers(2, 500, int(rng.integers(1, 20))).tolist()] for _ in range(30)]
     flat = [t for d in documents for t in d]
     (tmp_path / "megatron").mkdir()
     write_megatron_shard(tmp_path / "megatron" / "a", documents[:10])
@@ -542,14 +586,16 @@ def test_sources_in_every_format(tmp_path: Path) -> None:
     write_nanogpt_shard(str(tmp_path / "nanogpt" / "x.bin"), np.asarray(flat, np.uint16))
     (tmp_path / "npy").mkdir()
     np.save(tmp_path / "npy" / "x.npy", np.asarray(flat, np.uint16))
-    mixture = Mixture({
-        "sources": {
-            "megatron": str(tmp_path / "megatron"),
-            "nanogpt": {"paths": str(tmp_path / "nanogpt"), "bos_token": 1},
-            "npy": {"path": str(tmp_path / "npy"), "bos_token": 1},
-        },
-        "phases": [{"tokens": 100, "weights": {"megatron": 1, "nanogpt": 1, "npy": 1}}],
-    })
+    mixture = Mixture(
+        {
+            "sources": {
+                "megatron": str(tmp_path / "megatron"),
+                "nanogpt": {"paths": str(tmp_path / "nanogpt"), "bos_token": 1},
+                "npy": {"path": str(tmp_path / "npy"), "bos_token": 1},
+            },
+            "phases": [{"tokens": 100, "weights": {"megatron": 1, "nanogpt": 1, "npy": 1}}],
+        }
+    )
     for source in mixture.sources:
         assert source.documents == 30 and source.tokens == len(flat), source.name
         stream = source.read_array(0, source.tokens)
@@ -600,8 +646,9 @@ def test_validate_catches_a_planted_shortfall(
     assert report_json["sources"]["s0"]["shortfall"] == 0
     with pytest.raises(SourceExhaustedError):  # the runtime agrees with the prediction
         run_loader(Mixture(short), 1, 4, 25, None)
-    dropped = write_config(tmp_path / "drop.toml", small, [(300, [0.5, 0.5]), (2000, [0.1, 0.9])],
-                           exhaustion="drop")
+    dropped = write_config(
+        tmp_path / "drop.toml", small, [(300, [0.5, 0.5]), (2000, [0.1, 0.9])], exhaustion="drop"
+    )
     assert main(["validate", str(dropped)]) == 0
     assert "warning: source 's1' is short by" in capsys.readouterr().err
 
@@ -639,8 +686,9 @@ def test_validate_plot_and_bad_configs(tmp_path: Path, capsys: pytest.CaptureFix
     else:
         assert code == 1  # s2 is short; the plot is still drawn
         assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    (tmp_path / "bad.toml").write_text("[sources]\nweb = 'w'\n[[phases]]\ntokens = -1\n"
-                                       "weights = { web = 1 }\n")
+    (tmp_path / "bad.toml").write_text(
+        "[sources]\nweb = 'w'\n[[phases]]\ntokens = -1\nweights = { web = 1 }\n"
+    )
     assert main(["validate", str(tmp_path / "bad.toml")]) == 2
     assert "bad.toml: phases.phase0.tokens must be >= 1, got -1" in capsys.readouterr().err
     assert main(["validate", str(tmp_path / "missing.toml")]) == 2

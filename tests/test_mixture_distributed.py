@@ -23,7 +23,11 @@ mp = pytest.importorskip("torch.multiprocessing")
 
 
 def _rank_main(
-    rank: int, world_size: int, rendezvous: str, config: dict[str, Any], leg: dict[str, Any],
+    rank: int,
+    world_size: int,
+    rendezvous: str,
+    config: dict[str, Any],
+    leg: dict[str, Any],
     out_dir: str,
 ) -> None:
     os.environ["OMP_NUM_THREADS"] = "1"
@@ -39,8 +43,11 @@ def _rank_main(
     # DataLoader workers saves each of them a fresh interpreter and torch import (seconds).
     options = {"multiprocessing_context": "fork"} if leg["num_workers"] else {}
     loader = MixtureLoader(
-        Mixture(config), leg["sequence_length"], leg["global_batch_size"],
-        num_workers=leg["num_workers"], **options,
+        Mixture(config),
+        leg["sequence_length"],
+        leg["global_batch_size"],
+        num_workers=leg["num_workers"],
+        **options,
     )
     if leg["state"] is not None:
         loader.load_state_dict(leg["state"])
@@ -57,8 +64,12 @@ def _rank_main(
     if world_size > 1:
         dist.all_gather_object(states, loader.state_dict())
         dist.destroy_process_group()
-    result = {"batches": batches, "state": loader.state_dict(), "error": error,
-              "all_states_equal": all(s == states[0] for s in states)}
+    result = {
+        "batches": batches,
+        "state": loader.state_dict(),
+        "error": error,
+        "all_states_equal": all(s == states[0] for s in states),
+    }
     Path(out_dir, f"{rank}.json").write_text(json.dumps(result))
 
 
@@ -110,8 +121,13 @@ def test_resume_across_world_size_workers_batch_and_sequence_length(tmp_path: Pa
     stream: list[int] = []
     state = None
     for world_size, workers, batch, length, steps in legs:
-        leg = {"num_workers": workers, "global_batch_size": batch, "sequence_length": length,
-               "steps": steps, "state": state}
+        leg = {
+            "num_workers": workers,
+            "global_batch_size": batch,
+            "sequence_length": length,
+            "steps": steps,
+            "state": state,
+        }
         if world_size == 1:
             out_dir = tmp_path / "single"
             out_dir.mkdir()
@@ -143,7 +159,13 @@ def test_halt_is_raised_on_every_rank_at_the_same_step(tmp_path: Path) -> None:
     prefixes, _ = write_sources(tmp_path, [80, 4, 80])
     config = config_dict(prefixes, [(2000, [0.45, 0.1, 0.45])])
     results = _run_leg(
-        tmp_path, config, 2, num_workers=0, global_batch_size=4, sequence_length=12, steps=None,
+        tmp_path,
+        config,
+        2,
+        num_workers=0,
+        global_batch_size=4,
+        sequence_length=12,
+        steps=None,
         state=None,
     )
     assert all(r["error"] and "source 's1' is exhausted" in r["error"] for r in results)

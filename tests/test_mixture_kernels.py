@@ -8,9 +8,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from reference import chunk_source_reference, philox4x64_10_reference
 from tokenmill import _core
 from tokenmill.index.mixture_plan import THRESHOLD_ONE, weight_thresholds
+
+from reference import chunk_source_reference, philox4x64_10_reference
 
 WORD = st.integers(0, 2**64 - 1)
 
@@ -18,10 +19,16 @@ WORD = st.integers(0, 2**64 - 1)
 def test_philox_known_answers() -> None:
     # Random123's kat_vectors for philox4x64-10: counter 0 / key 0 and counter pi / key e.
     assert _core.philox_block((0, 0, 0, 0), (0, 0)) == (
-        0x16554D9ECA36314C, 0xDB20FE9D672D0FDC, 0xD7E772CEE186176B, 0x7E68B68AEC7BA23B,
+        0x16554D9ECA36314C,
+        0xDB20FE9D672D0FDC,
+        0xD7E772CEE186176B,
+        0x7E68B68AEC7BA23B,
     )
     assert _core.philox_block((2**64 - 1,) * 4, (2**64 - 1,) * 2) == (
-        0x87B092C3013FE90B, 0x438C3C67BE8D0224, 0x9CC7D7C69CD777B6, 0xA09CAEBF594F0BA0,
+        0x87B092C3013FE90B,
+        0x438C3C67BE8D0224,
+        0x9CC7D7C69CD777B6,
+        0xA09CAEBF594F0BA0,
     )
 
 
@@ -44,15 +51,16 @@ def test_philox_argument_errors() -> None:
         _core.philox_block((1, 2, 3, 4), (0,))
     with pytest.raises(ValueError, match="counter word 0 must be in \\[0, 2\\^64\\), got -1"):
         _core.philox_block((-1, 0, 0, 0), (0, 0))
-    with pytest.raises(ValueError, match="key word 1 must be in .*, got 18446744073709551616"):
+    with pytest.raises(ValueError, match=r"key word 1 must be in .*, got 18446744073709551616"):
         _core.philox_block((0, 0, 0, 0), (0, 2**64))
     with pytest.raises(TypeError, match="key word 0 must be an int"):
         _core.philox_block((0, 0, 0, 0), (0.5, 0))
 
 
 @given(
-    weights=st.lists(st.sampled_from([0.0, 0.1, 0.25, 1.0, 3.0, 1e-9, 7.5]), min_size=1,
-                     max_size=6).filter(lambda w: sum(w) > 0),
+    weights=st.lists(
+        st.sampled_from([0.0, 0.1, 0.25, 1.0, 3.0, 1e-9, 7.5]), min_size=1, max_size=6
+    ).filter(lambda w: sum(w) > 0),
     seed=WORD,
     stream=WORD,
     draw=st.integers(0, 5),

@@ -100,8 +100,9 @@ def plot_report(report: Any, path: str, title: str) -> None:
     stock_axes.bar(positions + 0.2, report.inventory, width=0.4, label="inventory")
     for s, short in enumerate(report.shortfall):
         if short:
-            stock_axes.annotate("shortfall", (s - 0.2, report.planned[s]), color="red",
-                                ha="center", va="bottom")
+            stock_axes.annotate(
+                "shortfall", (s - 0.2, report.planned[s]), color="red", ha="center", va="bottom"
+            )
     stock_axes.set_xticks(positions, report.sources)
     stock_axes.set_ylabel("tokens")
     stock_axes.set_title("planned consumption vs inventory")

@@ -53,7 +53,8 @@ def _expand(path: str) -> list[str]:
     its prefixes (sorted); anything else is opened as given."""
     if os.path.isdir(path):
         prefixes = sorted(
-            str(idx.with_suffix("")) for idx in Path(path).glob("*.idx")
+            str(idx.with_suffix(""))
+            for idx in Path(path).glob("*.idx")
             if idx.with_suffix(".bin").is_file()
         )
         if prefixes:
@@ -73,9 +74,11 @@ class SourceData:
         self.name = spec.name
         self.seed = seed
         self.corpora = [
-            DocumentCorpus(path, bos_token=spec.bos_token, eos_token=spec.eos_token,
-                           dtype=spec.dtype)
-            for raw in spec.paths for path in _expand(raw)
+            DocumentCorpus(
+                path, bos_token=spec.bos_token, eos_token=spec.eos_token, dtype=spec.dtype
+            )
+            for raw in spec.paths
+            for path in _expand(raw)
         ]
         lengths = [c.sequence_lengths.astype(np.int64) for c in self.corpora]
         self.lengths = np.concatenate(lengths) if lengths else np.zeros(0, np.int64)
@@ -209,8 +212,10 @@ class Mixture:
         for phase in config.phases:
             row = [phase.weight(s.name) for s in self.sources]
             if config.weighting == "documents":
-                row = [w * (s.tokens / s.documents if s.documents else 0.0)
-                       for w, s in zip(row, self.sources)]
+                row = [
+                    w * (s.tokens / s.documents if s.documents else 0.0)
+                    for w, s in zip(row, self.sources)
+                ]
                 if not any(w > 0 for w in row):
                     raise ValueError(
                         f"phase {phase.name!r}: every source weighted by documents is empty"
@@ -246,8 +251,9 @@ class Mixture:
             "seed": self.config.seed,
             "chunk_tokens": self.config.chunk_tokens,
             "sources": list(self.config.source_names),
-            "phases": [[p.tokens, list(w)] for p, w in zip(self.config.phases,
-                                                           self.plan.phase_weights)],
+            "phases": [
+                [p.tokens, list(w)] for p, w in zip(self.config.phases, self.plan.phase_weights)
+            ],
         }
         return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 

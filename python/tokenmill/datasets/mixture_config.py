@@ -131,9 +131,7 @@ class MixtureSource:
             raise MixtureConfigError(
                 f"{_where(self.origin, where + '.dtype')} must be a dtype name, got {self.dtype!r}"
             )
-        object.__setattr__(
-            self, "epochs", _integer(self.epochs, where + ".epochs", self.origin, 1)
-        )
+        object.__setattr__(self, "epochs", _integer(self.epochs, where + ".epochs", self.origin, 1))
 
 
 @dataclass(frozen=True)
@@ -240,7 +238,9 @@ class MixtureConfig:
                     )
         object.__setattr__(self, "seed", _integer(self.seed, "seed", self.origin, 0))
         if self.seed >= 2**64:
-            raise MixtureConfigError(f"{_where(self.origin, 'seed')} must be < 2^64, got {self.seed}")
+            raise MixtureConfigError(
+                f"{_where(self.origin, 'seed')} must be < 2^64, got {self.seed}"
+            )
         object.__setattr__(
             self, "chunk_tokens", _integer(self.chunk_tokens, "chunk_tokens", self.origin, 1)
         )
@@ -266,7 +266,10 @@ class MixtureConfig:
 
     @classmethod
     def from_dict(
-        cls, data: Mapping[str, Any], *, base_dir: str | os.PathLike[str] | None = None,
+        cls,
+        data: Mapping[str, Any],
+        *,
+        base_dir: str | os.PathLike[str] | None = None,
         origin: str | None = None,
     ) -> MixtureConfig:
         """A config from a parsed TOML/YAML document (or an equivalent dict).
@@ -289,8 +292,7 @@ class MixtureConfig:
         raw_sources = data.get("sources")
         if not isinstance(raw_sources, Mapping):
             raise MixtureConfigError(
-                f"{_where(origin, 'sources')} must be a table of named sources, got "
-                f"{raw_sources!r}"
+                f"{_where(origin, 'sources')} must be a table of named sources, got {raw_sources!r}"
             )
         sources = [
             _source_from(name, value, base_dir, origin) for name, value in raw_sources.items()
@@ -301,8 +303,11 @@ class MixtureConfig:
                 f"{_where(origin, 'phases')} must be a list of phases, got {raw_phases!r}"
             )
         phases = [_phase_from(number, value, origin) for number, value in enumerate(raw_phases)]
-        options = {key: data[key] for key in ("seed", "chunk_tokens", "exhaustion", "weighting")
-                   if key in data}
+        options = {
+            key: data[key]
+            for key in ("seed", "chunk_tokens", "exhaustion", "weighting")
+            if key in data
+        }
         return cls(tuple(sources), tuple(phases), origin=origin, **options)
 
     @classmethod
@@ -398,8 +403,9 @@ def _source_from(
             os.path.join(base_dir, p) if isinstance(p, str) and not os.path.isabs(p) else p
             for p in paths
         ]
-    options = {key: value[key] for key in ("bos_token", "eos_token", "dtype", "epochs")
-               if key in value}
+    options = {
+        key: value[key] for key in ("bos_token", "eos_token", "dtype", "epochs") if key in value
+    }
     return MixtureSource(name, paths, origin=origin, **options)
 
 
@@ -425,6 +431,8 @@ def _phase_from(number: int, value: Any, origin: str | None) -> MixturePhase:
             f"got {weights!r}"
         )
     return MixturePhase(
-        str(value.get("name", f"phase{number}")), value["tokens"], tuple(weights.items()),
+        str(value.get("name", f"phase{number}")),
+        value["tokens"],
+        tuple(weights.items()),
         origin=origin,
     )

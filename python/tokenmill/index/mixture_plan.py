@@ -148,9 +148,7 @@ class MixturePlan:
         """The draw thresholds of ``phase`` without the ``excluded`` sources (None: nothing left)."""
         key = (phase, excluded)
         if key not in self._thresholds:
-            weights = [
-                0.0 if s in excluded else w for s, w in enumerate(self.phase_weights[phase])
-            ]
+            weights = [0.0 if s in excluded else w for s, w in enumerate(self.phase_weights[phase])]
             if not any(w > 0 for w in weights):
                 return None
             self._thresholds[key] = weight_thresholds(weights)
@@ -272,7 +270,8 @@ class MixtureCursor:
         if self.plan.exhaustion != "drop":
             return frozenset()
         return frozenset(
-            s for s, (used, held) in enumerate(zip(self.ledger, self.plan.inventories))
+            s
+            for s, (used, held) in enumerate(zip(self.ledger, self.plan.inventories))
             if used >= held
         )
 
@@ -317,8 +316,10 @@ class MixtureCursor:
                     )
                 given = min(available, take)
                 if given > 0:
-                    if pieces and pieces[-1].source == source and (
-                        pieces[-1].offset + pieces[-1].length == ledger[source]
+                    if (
+                        pieces
+                        and pieces[-1].source == source
+                        and (pieces[-1].offset + pieces[-1].length == ledger[source])
                     ):
                         last = pieces.pop()
                         pieces.append(Piece(source, last.offset, last.length + given))

@@ -136,8 +136,9 @@ class MixtureDataset(IterableDataset):  # type: ignore[misc]
             skip = world.num_workers - 1
             tokens = np.empty(rank_tokens, dtype=np.int64)
             sources = np.empty(rank_tokens, dtype=np.int16) if self.return_source_ids else None
-            self.mixture.read(list(iter_pieces(pieces, first, first + rank_tokens)), tokens,
-                              sources)
+            self.mixture.read(
+                list(iter_pieces(pieces, first, first + rank_tokens)), tokens, sources
+            )
             state = self.mixture.state_of(cursor)
             self._state, self._skip = state, skip
             item: dict[str, Any] = {
@@ -183,7 +184,10 @@ class MixtureLoader:
         if self.num_workers < 0:
             raise ValueError(f"num_workers must be >= 0, got {self.num_workers}")
         self.dataset = MixtureDataset(
-            mixture, sequence_length, global_batch_size, world=world,
+            mixture,
+            sequence_length,
+            global_batch_size,
+            world=world,
             return_source_ids=return_source_ids,
         )
         self.world = world
@@ -197,7 +201,9 @@ class MixtureLoader:
     def __iter__(self) -> Iterator[dict[str, Any]]:
         base = self.world if self.world is not None else World.current()
         dataset = MixtureDataset(
-            self.dataset.mixture, self.dataset.sequence_length, self.dataset.global_batch_size,
+            self.dataset.mixture,
+            self.dataset.sequence_length,
+            self.dataset.global_batch_size,
             world=World(rank=base.rank, world_size=base.world_size),
             return_source_ids=self.dataset.return_source_ids,
         )
