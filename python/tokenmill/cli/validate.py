@@ -86,8 +86,9 @@ def plot_report(report: Any, path: str, title: str) -> None:
     x = np.repeat(bounds, 2)[1:-1]  # a step per phase
     y = np.repeat(shares.T, 2, axis=1)
     mix_axes.stackplot(x, y, labels=report.sources)
-    for boundary, name, start in zip(bounds[1:-1], report.phases[1:], bounds[1:-1]):
+    for boundary in bounds[1:-1]:
         mix_axes.axvline(boundary, color="black", linestyle="--", linewidth=1)
+    for name, start in zip(report.phases, bounds[:-1]):
         mix_axes.annotate(name, (start, 1.0), xytext=(3, -12), textcoords="offset points")
     mix_axes.set_xlim(0, bounds[-1])
     mix_axes.set_ylim(0, 1)
