@@ -300,6 +300,13 @@ def test_halt_stops_every_rank_at_the_same_step_with_a_consistent_state(tmp_path
         delivered.append(len(batches))
         states.append(loader.state_dict())
     assert delivered[0] == delivered[1] > 0
+    # through a DataLoader worker the error keeps its type and carries the consistent state
+    loader = MixtureLoader(mixture, 10, 4, num_workers=1, world=World(rank=0, world_size=2))
+    with pytest.raises(SourceExhaustedError, match="source 's1' is exhausted") as caught:
+        for _ in loader:
+            pass
+    assert caught.value.state == loader.state_dict()
+    assert loader.state_dict()["mixture"] == states[0]["mixture"]
     assert states[0]["mixture"] == states[1]["mixture"]
     consistent = states[0]["mixture"]
     assert consistent["position"] == delivered[0] * 40
@@ -692,3 +699,18 @@ def test_validate_plot_and_bad_configs(tmp_path: Path, capsys: pytest.CaptureFix
     assert main(["validate", str(tmp_path / "bad.toml")]) == 2
     assert "bad.toml: phases.phase0.tokens must be >= 1, got -1" in capsys.readouterr().err
     assert main(["validate", str(tmp_path / "missing.toml")]) == 2
+
+
+def test_sources_from_different_tokenizers_are_refused(tmp_path: Path) -> None:
+    from tokenmill.errors import TokenizerMismatchError
+    from tokenmill.tokenize.fingerprint import write_sidecar
+
+    prefixes, _ = write_sources(tmp_path, [5, 5])
+    gpt2 = {"kind": "tiktoken", "sha256": "a" * 64, "vocab_size": 50257, "bos_id": None,
+            "eod_id": 50256}  # fmt: skip
+    write_sidecar(prefixes[0], gpt2)
+    write_sidecar(prefixes[1], {**gpt2, "vocab_size": 32000})
+    with pytest.raises(TokenizerMismatchError, match="vocab_size"):
+        Mixture(config_dict(prefixes, [(10, [1.0, 1.0])]))
+    write_sidecar(prefixes[1], gpt2)
+    assert Mixture(config_dict(prefixes, [(10, [1.0, 1.0])])).total_tokens == 10

@@ -38,7 +38,6 @@ import numpy as np
 import numpy.typing as npt
 
 from tokenmill.datasets.mixture_config import MixtureConfig, MixtureSource
-from tokenmill.errors import DataFormatError
 from tokenmill.formats.documents import DocumentCorpus
 from tokenmill.index.mixture_plan import MixtureCursor, MixturePlan, Piece
 
@@ -202,12 +201,9 @@ class Mixture:
         elif not isinstance(config, MixtureConfig):
             config = MixtureConfig.from_dict(config)
         self.config = config
+        self._fingerprint: str | None = None
         self.sources = [SourceData(spec, config.seed) for spec in config.sources]
-        dtypes = {d for s in self.sources for d in s.dtypes}
-        if len({np.dtype(d).kind for d in dtypes}) > 1:
-            raise DataFormatError(
-                f"{config.origin or 'mixture'}: sources mix token dtypes {sorted(dtypes)}"
-            )
+        self._check_tokenizers()
         weights = []
         for phase in config.phases:
             row = [phase.weight(s.name) for s in self.sources]
@@ -232,6 +228,26 @@ class Mixture:
             config.exhaustion,
         )
 
+    def _check_tokenizers(self) -> None:
+        """Refuse to mix shards written by different tokenizers (tokenmill's sidecars).
+
+        Sources written by `tokenmill tokenize` carry ``<prefix>.tokenmill.json``; those that have
+        one must agree. Shards without a sidecar are not checked (as the builder does).
+
+        Raises:
+            TokenizerMismatchError: two sources' shards come from different tokenizers.
+        """
+        from tokenmill.tokenize.fingerprint import check_compatible, sidecar_path
+
+        prefixes = [
+            corpus.path_prefix
+            for source in self.sources
+            for corpus in source.corpora
+            if os.path.exists(sidecar_path(corpus.path_prefix))
+        ]
+        if len(prefixes) >= 2:
+            check_compatible(prefixes)
+
     def __reduce__(self) -> tuple[Any, ...]:
         # DataLoader workers started by spawn/forkserver reopen the files instead of copying
         # every mapped shard through a pipe.
@@ -247,6 +263,8 @@ class Mixture:
         The exhaustion policy is not part of it: switching halt -> drop at a resume changes
         nothing until a source runs dry, so it continues the same segment.
         """
+        if self._fingerprint is not None:
+            return self._fingerprint[:16]
         data = {
             "seed": self.config.seed,
             "chunk_tokens": self.config.chunk_tokens,
@@ -255,7 +273,8 @@ class Mixture:
                 [p.tokens, list(w)] for p, w in zip(self.config.phases, self.plan.phase_weights)
             ],
         }
-        return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
+        self._fingerprint = hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
+        return self._fingerprint[:16]
 
     def source_summary(self) -> dict[str, dict[str, int]]:
         """Per source: documents, tokens and epochs (resume checks the first two)."""

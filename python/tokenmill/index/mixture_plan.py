@@ -60,8 +60,11 @@ class SourceExhaustedError(TokenmillError, RuntimeError):
 
     The stream stops *before* the step that needed the missing tokens, so the loader's
     ``state_dict()`` still describes the last step delivered: save it, then resume with more
-    data, other weights or ``exhaustion = "drop"``.
+    data, other weights or ``exhaustion = "drop"``. Raised by MixtureLoader, ``state`` holds that
+    state.
     """
+
+    state: dict[str, Any] | None = None
 
 
 def weight_thresholds(weights: Sequence[float]) -> npt.NDArray[np.uint64]:

@@ -21,7 +21,8 @@ resume, as that loader requires); its batches carry ``batch["mixture_state"]``, 
 after the step, which :meth:`MixtureLoader.load_state_dict` accepts under any topology.
 
 A source that runs dry under the halt policy raises SourceExhaustedError on every rank at the
-same step, before that step is delivered, so ``state_dict()`` is consistent when it is raised.
+same step, before that step is delivered, so ``state_dict()`` is consistent when it is raised (the
+error raised by MixtureLoader also carries it as ``error.state``).
 """
 
 from __future__ import annotations
@@ -35,7 +36,8 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 from tokenmill.datasets.mixture import Mixture
-from tokenmill.index.mixture_plan import iter_pieces
+from tokenmill.index.mixture_plan import SourceExhaustedError, iter_pieces
+from tokenmill.loading import distributed
 from tokenmill.loading.world import World
 
 __all__ = ["MixtureDataset", "MixtureLoader"]
@@ -61,8 +63,8 @@ class MixtureDataset(IterableDataset):  # type: ignore[misc]
         mixture: the mixture (or anything Mixture accepts).
         sequence_length: tokens per sample (S).
         global_batch_size: samples per step over all ranks (B), a multiple of the world size.
-        world: rank and world size (default: torch.distributed); DataLoader worker fields are
-            taken from torch inside workers.
+        world: rank and world size (default: torch.distributed when the dataset is built, so
+            build it after init_process_group); DataLoader worker fields come from torch.
         return_source_ids: also return the source of every token (per-source losses).
 
     Raises:
@@ -82,6 +84,9 @@ class MixtureDataset(IterableDataset):  # type: ignore[misc]
         self.mixture = mixture if isinstance(mixture, Mixture) else Mixture(mixture)
         self.sequence_length = _positive(sequence_length, "sequence_length")
         self.global_batch_size = _positive(global_batch_size, "global_batch_size")
+        if world is None and distributed.is_initialized():
+            # fixed now: DataLoader workers started by spawn have no process group to ask
+            world = World(rank=distributed.get_rank(), world_size=distributed.get_world_size())
         self.world = world
         self.return_source_ids = return_source_ids
         self._state: dict[str, Any] = self.mixture.state_of(self.mixture.cursor())
@@ -211,9 +216,14 @@ class MixtureLoader:
         loader = DataLoader(
             dataset, batch_size=None, num_workers=self.num_workers, **self.loader_options
         )
-        for batch in loader:
-            self._state = batch.pop("mixture_state")
-            yield batch
+        try:
+            for batch in loader:
+                self._state = batch.pop("mixture_state")
+                yield batch
+        except SourceExhaustedError as error:
+            # what a trainer saves before stopping: the state after the last batch delivered
+            error.state = self.state_dict()
+            raise
 
     def state_dict(self) -> dict[str, Any]:
         """The state after the last batch yielded: topology-free (position, segment, ledger)."""
