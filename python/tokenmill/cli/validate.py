@@ -1,7 +1,7 @@
 """``tokenmill validate CONFIG``: a mixture's demand against its inventory, before launch.
 
 The demand is exact, not an estimate: every chunk of the budget is drawn exactly as the loader
-will draw it (about 100 ns per chunk). A source whose planned consumption exceeds its inventory
+will draw it (about 0.1 µs per chunk). A source whose planned consumption exceeds its inventory
 (tokens x epochs) is a *shortfall*: an error (exit status 1) under the default ``halt`` policy, a
 warning under ``drop`` (that source will leave the mixture and the others renormalise).
 ``--state STATE.json`` validates the rest of a run from a saved loader/mixture state (for a resume

@@ -9,7 +9,7 @@ of phase ``i`` is drawn from one source::
     source = first s with u < threshold[s]        # thresholds: cumulative weights * 2^53
 
 so the source of any position is computable without replaying the stream (O(1) per chunk, about
-100 ns in C++; `_core.draw_chunk_sources`). Within a source the tokens follow that source's
+0.1 µs in C++; `_core.draw_chunk_sources`). Within a source the tokens follow that source's
 shuffled document order (see `tokenmill.datasets.mixture`): the stream only says *how many*
 tokens each chunk takes from which source, and the **ledger** (tokens consumed so far, per source)
 says where in the source they start. A position's state is therefore just
@@ -201,7 +201,7 @@ class MixturePlan:
 
         Exact under the halt policy: the chunks are drawn exactly as the loader draws them.
         Returns an int64 array [phases, sources]; phases before ``cursor`` are zero. Cost: one
-        draw per chunk left (about 100 ns each).
+        draw per chunk left (about 0.1 µs each).
         """
         demand = np.zeros((len(self.phase_names), len(self.source_names)), dtype=np.int64)
         position = cursor.position
