@@ -84,6 +84,11 @@ class MixtureDataset(IterableDataset):  # type: ignore[misc]
         self.mixture = mixture if isinstance(mixture, Mixture) else Mixture(mixture)
         self.sequence_length = _positive(sequence_length, "sequence_length")
         self.global_batch_size = _positive(global_batch_size, "global_batch_size")
+        if return_source_ids and len(self.mixture.sources) > np.iinfo(np.int16).max:
+            raise ValueError(
+                f"source_ids are int16: {len(self.mixture.sources)} sources do not fit "
+                "(pass return_source_ids=False)"
+            )
         if world is None and distributed.is_initialized():
             # fixed now: DataLoader workers started by spawn have no process group to ask
             world = World(rank=distributed.get_rank(), world_size=distributed.get_world_size())
