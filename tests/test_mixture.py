@@ -419,6 +419,11 @@ def test_state_errors(tmp_path: Path) -> None:
         MixtureLoader(mixture, 0, 2)
     with pytest.raises(ValueError, match="num_workers must be >= 0, got -1"):
         MixtureLoader(mixture, 1, 2, num_workers=-1)
+    crowded = Mixture(config_dict(prefixes, [(400, [1.0, 1.0])]))
+    crowded.sources = crowded.sources * 16384  # 32768 references: more than int16 holds
+    with pytest.raises(ValueError, match="source_ids are int16: 32768 sources do not fit"):
+        MixtureDataset(crowded, 10, 2)
+    assert MixtureDataset(crowded, 10, 2, return_source_ids=False).sequence_length == 10
     with pytest.raises(ValueError, match="cannot take 500 tokens at position 0"):
         mixture.cursor().advance(500)
 
