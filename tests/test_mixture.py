@@ -130,19 +130,24 @@ def per_source(tokens: Sequence[int], sources: int) -> list[list[int]]:
 # ---- the stream ------------------------------------------------------------------------------
 
 
-@settings(max_examples=25)
+WEIGHT_ROWS = st.lists(
+    st.lists(st.sampled_from([0.0, 0.2, 1.0, 2.5]), min_size=3, max_size=3).filter(
+        lambda w: sum(w) > 0
+    ),
+    min_size=3,
+    max_size=3,
+)
+
+
+@settings(max_examples=30)
 @given(
     seed=st.integers(0, 2**64 - 1),
     chunk=st.integers(1, 40),
-    weights=st.lists(
-        st.lists(st.sampled_from([0.0, 0.2, 1.0, 2.5]), min_size=3, max_size=3).filter(
-            lambda w: sum(w) > 0
-        ),
-        min_size=1,
-        max_size=3,
-    ),
+    weights=WEIGHT_ROWS,
+    new_weights=WEIGHT_ROWS,
     budgets=st.lists(st.integers(1, 300), min_size=3, max_size=3),
     steps=st.lists(st.integers(1, 97), min_size=1, max_size=30),
+    switch=st.integers(0, 30),
     exhaustion=st.sampled_from(["halt", "drop"]),
 )
 def test_cursor_matches_token_by_token_reference(
@@ -150,10 +155,14 @@ def test_cursor_matches_token_by_token_reference(
     seed: int,
     chunk: int,
     weights: list[list[float]],
+    new_weights: list[list[float]],
     budgets: list[int],
     steps: list[int],
+    switch: int,
     exhaustion: str,
 ) -> None:
+    """The stream, step by step, equals the reference; at step `switch` the run resumes from its
+    state under new weights (a new segment, every source continuing from its ledger)."""
     root = tmp_path_factory.mktemp("cursor")
     prefixes, documents = write_sources(root, [10, 25, 4], seed=seed % 1000)
     phases = list(zip(budgets, weights))
@@ -162,13 +171,25 @@ def test_cursor_matches_token_by_token_reference(
     )
     streams = streams_of(documents, seed)
     cursor = mixture.cursor()
-    for step in steps:
+    for number, step in enumerate(steps):
+        if number == switch:
+            state = mixture.state_of(cursor)
+            phases = list(zip(budgets, new_weights))
+            mixture = Mixture(
+                config_dict(prefixes, phases, seed=seed, chunk_tokens=chunk, exhaustion=exhaustion)
+            )
+            cursor = mixture.cursor(json.loads(json.dumps(state)))
+            assert cursor.ledger == list(state["ledger"].values())
+            assert cursor.position == state["position"]
+            expected_start = state["segment_start"] if weights == new_weights else state["position"]
+            assert cursor.segment_start == expected_start
         step = min(step, cursor.remaining)
         before = cursor.position
         try:
             expected, expected_sources, ledger = mixture_stream_reference(
-                streams, phases, seed, chunk, exhaustion, step, before, 0, cursor.ledger
-            )
+                streams, phases, seed, chunk, exhaustion, step, before, cursor.segment_start,
+                cursor.ledger,
+            )  # fmt: skip
         except RuntimeError:
             with pytest.raises(SourceExhaustedError):
                 cursor.advance(step)
@@ -450,6 +471,10 @@ def test_inside_torchdata_stateful_dataloader(tmp_path: Path) -> None:
     prefixes, _ = write_sources(tmp_path, [100, 100])
     mixture = Mixture(config_dict(prefixes, [(1500, [0.6, 0.4])]))
     uninterrupted, _ = run_loader(mixture, 1, 4, 12, None)
+
+    # both speak the protocol StatefulDataLoader checks for (state_dict / load_state_dict)
+    assert isinstance(MixtureLoader(mixture, 12, 4), stateful.Stateful)
+    assert isinstance(MixtureDataset(mixture, 12, 4), stateful.Stateful)
 
     def loader(dataset: MixtureDataset) -> Any:
         return stateful.StatefulDataLoader(dataset, batch_size=None, num_workers=2)
