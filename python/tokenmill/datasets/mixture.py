@@ -18,8 +18,9 @@ one: the same mixture continues the same stream exactly; changed weights or phas
 segment at the position, every source continuing from its ledger; changed source data is an error.
 
 Cost: opening reads each source's document lengths (the Megatron index, or a BOS/EOS scan).
-An epoch's permutation takes 8 bytes per document and is built when first read (about 10 ns per
-document). Reading n tokens costs one binary search plus one copy per document touched.
+An epoch's order takes 12 bytes per document (int32 permutation, int64 cumulative ends) in every
+process that reads the source, built when first read (about 10-20 ns per document; the last two
+epochs are kept). Reading n tokens costs one binary search plus one copy per document touched.
 """
 
 from __future__ import annotations
@@ -87,7 +88,7 @@ class SourceData:
         self.documents = int(self.lengths.shape[0])
         self.tokens = int(self.lengths.sum())
         self.dtypes = {str(c.source.dtype) for c in self.corpora}
-        self._epochs: dict[int, tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]] = {}
+        self._epochs: dict[int, tuple[npt.NDArray[np.integer], npt.NDArray[np.int64]]] = {}
 
     @property
     def inventory(self) -> int:
@@ -97,12 +98,16 @@ class SourceData:
     def epoch_seed(self, epoch: int) -> int:
         return zlib.crc32(f"{self.seed}/{self.name}/{epoch}".encode())
 
-    def epoch_order(self, epoch: int) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    def epoch_order(self, epoch: int) -> tuple[npt.NDArray[np.integer], npt.NDArray[np.int64]]:
         """(document order, cumulative token ends in that order) of one epoch."""
         if epoch not in self._epochs:
             from tokenmill import _core
 
-            order = np.arange(self.documents, dtype=np.int64)
+            # int32 when it fits: the permutation is the same (it depends only on the count)
+            wide = self.documents > np.iinfo(np.int32).max
+            order: npt.NDArray[np.integer] = np.arange(
+                self.documents, dtype=np.int64 if wide else np.int32
+            )
             _core.shuffle_like_numpy(order, self.epoch_seed(epoch))
             ends = np.cumsum(self.lengths[order])
             if len(self._epochs) >= 2:

@@ -332,7 +332,9 @@ class MixtureCursor:
                     position += given
                     take -= given
                     left -= given
-                if take > 0:  # drop policy: the source ran dry inside this chunk
+                if plan.exhaustion == "drop" and ledger[source] >= plan.inventories[source]:
+                    # dry now (inside this chunk or exactly at its end): later draws leave it out,
+                    # as a cursor restarted here would (the exclusions follow from the ledger)
                     excluded = excluded | {source}
         self.position, self.ledger = position, ledger
         return pieces
