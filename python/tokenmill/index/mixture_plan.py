@@ -20,6 +20,13 @@ identical to an uninterrupted one. A run that resumes with other weights or phas
 segment at the resume position: chunks are counted from there and drawn with the new weights, and
 every source continues from its ledger, so no token of any source is repeated or skipped.
 
+Worked example: ``chunk_tokens = 4``, phases of 10 and 6 tokens. Phase 0's chunks are tokens
+[0, 4), [4, 8), [8, 10) (chunks 0, 1, 2) and phase 1's are [10, 14), [14, 16). If chunk 1 of
+phase 0 is drawn from source A and A's ledger is 37 when the stream reaches token 4, tokens 4..7
+of the stream are A's tokens 37..40. A resume at token 13 with new weights starts a segment
+there: phase 1's chunks become [13, 16) (chunk 0 of the new segment), drawn with counter
+(0, 13, 0, 0), while tokens 10..12 keep the draws of the old segment.
+
 Exhaustion. A source holds ``tokens x epochs`` tokens. Under ``"halt"`` a chunk that needs more
 than its source has left raises :class:`SourceExhaustedError` before any of it is consumed.
 Under ``"drop"`` the source gives what it has left, then leaves: the rest of that chunk and later
