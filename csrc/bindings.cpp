@@ -3,6 +3,7 @@
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
+#include <array>
 #include <cstdint>
 #include <optional>
 #include <span>
@@ -14,6 +15,7 @@
 #include "blending.hpp"
 #include "gather.hpp"
 #include "packing.hpp"
+#include "philox.hpp"
 #include "sample_index.hpp"
 #include "shuffle.hpp"
 #include "token_scan.hpp"
@@ -752,6 +754,79 @@ void register_token_scan(py::module_& m) {
 }  // namespace
 // ---- end token scan -------------------------------------------------------------------------
 
+// ---- mixtures: Philox4x64-10 and chunk sources ------------------------------------------------
+namespace {
+
+// A sequence of `size` Python ints, each in [0, 2^64).
+template <size_t size>
+std::array<uint64_t, size> words(const py::sequence& values, const char* what) {
+  if (values.size() != size) {
+    throw std::invalid_argument(std::string(what) + " must have " + std::to_string(size) +
+                                " words, got " + std::to_string(values.size()));
+  }
+  std::array<uint64_t, size> result{};
+  for (size_t i = 0; i < size; ++i) {
+    const py::object value = values[i];
+    if (!PyLong_Check(value.ptr())) {
+      throw py::type_error(std::string(what) + " word " + std::to_string(i) +
+                           " must be an int, got " + std::string(py::str(py::type::of(value))));
+    }
+    const unsigned long long word = PyLong_AsUnsignedLongLong(value.ptr());
+    if (PyErr_Occurred()) {
+      PyErr_Clear();
+      throw std::invalid_argument(std::string(what) + " word " + std::to_string(i) +
+                                  " must be in [0, 2^64), got " + std::string(py::str(value)));
+    }
+    result[i] = static_cast<uint64_t>(word);
+  }
+  return result;
+}
+
+py::tuple philox_block(const py::sequence& counter, const py::sequence& key) {
+  const auto block = tokenmill::philox4x64_10(words<4>(counter, "counter"), words<2>(key, "key"));
+  return py::make_tuple(block[0], block[1], block[2], block[3]);
+}
+
+void draw_chunk_sources(const py::array_t<uint64_t, py::array::c_style>& thresholds,
+                        const py::sequence& key, uint64_t stream, uint64_t draw,
+                        uint64_t first_chunk, py::array_t<int32_t, py::array::c_style>& out) {
+  if (thresholds.ndim() != 1 || thresholds.shape(0) < 1) {
+    throw std::invalid_argument("thresholds must be a non-empty 1-D uint64 array");
+  }
+  if (out.ndim() != 1) throw std::invalid_argument("out must be a 1-D int32 array");
+  if (!out.writeable()) throw std::invalid_argument("out must be writeable");
+  const std::span<const uint64_t> limits(thresholds.data(),
+                                         static_cast<size_t>(thresholds.shape(0)));
+  for (size_t i = 1; i < limits.size(); ++i) {
+    if (limits[i] < limits[i - 1]) {
+      throw std::invalid_argument("thresholds must be non-decreasing, got " +
+                                  std::to_string(limits[i]) + " after " +
+                                  std::to_string(limits[i - 1]));
+    }
+  }
+  if (limits.back() != (uint64_t{1} << 53)) {
+    throw std::invalid_argument("the last threshold must be 2^53, got " +
+                                std::to_string(limits.back()));
+  }
+  const std::span<int32_t> chunks(out.mutable_data(), static_cast<size_t>(out.shape(0)));
+  const tokenmill::PhiloxKey philox_key = words<2>(key, "key");
+  py::gil_scoped_release release;  // pure arithmetic over buffers the caller keeps alive
+  tokenmill::draw_chunk_sources(limits, philox_key, stream, draw, first_chunk, chunks);
+}
+
+void register_philox(py::module_& m) {
+  m.def("philox_block", &philox_block, "counter"_a, "key"_a,
+        "The Philox4x64-10 block (4 uint64 words) of a 4-word counter under a 2-word key, "
+        "bit-identical to numpy.random.Philox.");
+  m.def("draw_chunk_sources", &draw_chunk_sources, "thresholds"_a.noconvert(), "key"_a,
+        "stream"_a, "draw"_a, "first_chunk"_a, "out"_a.noconvert(),
+        "out[i] = first s with (Philox(first_chunk + i, stream, draw, 0)[0] >> 11) < "
+        "thresholds[s].");
+}
+
+}  // namespace
+// ---- end mixtures ------------------------------------------------------------------------------
+
 PYBIND11_MODULE(_core, m, py::mod_gil_not_used()) {
   m.doc() = "tokenmill's compiled kernels (private: use the tokenmill package API)";
   m.def("shuffle_like_numpy", &shuffle_like_numpy, "values"_a.noconvert(), "seed"_a,
@@ -794,6 +869,7 @@ PYBIND11_MODULE(_core, m, py::mod_gil_not_used()) {
         "doc_ids"_a.noconvert(), "cu_seqlens"_a.noconvert(),
         "Fill packed rows (input_ids, labels, position_ids, doc_ids, cu_seqlens) of a plan.");
   register_token_scan(m);  // token scan block above
+  register_philox(m);  // mixtures block above
 
   py::class_<Gatherer>(m, "Gatherer",
                        "A GPTDataset's index arrays and token buffer, for batched gathers.")

@@ -273,3 +273,106 @@ def bos_aligned_reference(
 def token_positions_reference(tokens: Sequence[int], token: int) -> list[int]:
     """Positions of ``token`` in ``tokens``, one comparison at a time."""
     return [i for i, value in enumerate(tokens) if int(value) == token]
+
+
+# --- mixtures ----------------------------------------------------------------------------------
+
+_MASK64 = (1 << 64) - 1
+
+
+def philox4x64_10_reference(counter: Sequence[int], key: Sequence[int]) -> tuple[int, ...]:
+    """Philox4x64-10 from the paper's definition, in Python integers."""
+    c0, c1, c2, c3 = (int(v) for v in counter)
+    k0, k1 = (int(v) for v in key)
+    for round_number in range(10):
+        if round_number:
+            k0 = (k0 + 0x9E3779B97F4A7C15) & _MASK64
+            k1 = (k1 + 0xBB67AE8584CAA73B) & _MASK64
+        product0 = 0xD2E7470EE14C6C93 * c0
+        product1 = 0xCA5A826395121157 * c2
+        c0, c1, c2, c3 = (
+            (product1 >> 64) ^ c1 ^ k0,
+            product1 & _MASK64,
+            (product0 >> 64) ^ c3 ^ k1,
+            product0 & _MASK64,
+        )
+    return c0, c1, c2, c3
+
+
+def chunk_source_reference(
+    weights: Sequence[float], key: Sequence[int], stream: int, draw: int, chunk: int
+) -> int:
+    """The source of one chunk: exact rational comparison u / 2^53 < cumulative weight share."""
+    from fractions import Fraction
+
+    u = Fraction(philox4x64_10_reference((chunk, stream, draw, 0), key)[0] >> 11, 1 << 53)
+    total = sum(Fraction(w) for w in weights)
+    cumulative = Fraction(0)
+    for source, weight in enumerate(weights):
+        cumulative += Fraction(weight)
+        if weight > 0 and u < cumulative / total:
+            return source
+    return max(s for s, w in enumerate(weights) if w > 0)
+
+
+def source_stream_reference(
+    documents: Sequence[Sequence[int]], seed: int, name: str, epochs: int
+) -> list[int]:
+    """A mixture source's token stream: each epoch's documents in RandomState order."""
+    import zlib
+
+    stream: list[int] = []
+    for epoch in range(epochs):
+        order = np.random.RandomState(zlib.crc32(f"{seed}/{name}/{epoch}".encode())).permutation(
+            len(documents)
+        )
+        for document in order:
+            stream.extend(int(t) for t in documents[document])
+    return stream
+
+
+def mixture_stream_reference(
+    streams: Sequence[Sequence[int]],
+    phases: Sequence[tuple[int, Sequence[float]]],
+    seed: int,
+    chunk_tokens: int,
+    exhaustion: str,
+    tokens: int,
+    position: int = 0,
+    segment_start: int = 0,
+    ledger: Sequence[int] | None = None,
+) -> tuple[list[int], list[int], list[int]]:
+    """(tokens, sources, ledger after) of ``tokens`` stream positions, one position at a time.
+
+    Raises RuntimeError where a source runs dry under "halt" (or a phase has nothing left).
+    """
+    used = [0] * len(streams) if ledger is None else list(ledger)
+    ends, total = [], 0
+    for budget, _ in phases:
+        total += budget
+        ends.append(total)
+    out_tokens, out_sources = [], []
+    for p in range(position, position + tokens):
+        phase = next(i for i, end in enumerate(ends) if p < end)
+        start = max(segment_start, ends[phase] - phases[phase][0])
+        chunk = (p - start) // chunk_tokens
+        while True:
+            excluded = (
+                {s for s in range(len(streams)) if used[s] >= len(streams[s])}
+                if exhaustion == "drop"
+                else set()
+            )
+            weights = [0.0 if s in excluded else w for s, w in enumerate(phases[phase][1])]
+            if not any(w > 0 for w in weights):
+                raise RuntimeError(f"phase {phase} exhausted at {p}")
+            source = chunk_source_reference(
+                weights, (seed, phase), segment_start, len(excluded), chunk
+            )
+            if used[source] < len(streams[source]):
+                break
+            if exhaustion == "halt":
+                raise RuntimeError(f"source {source} exhausted at {p}")
+        out_tokens.append(streams[source][used[source]])
+        out_sources.append(source)
+        used[source] += 1
+    return out_tokens, out_sources, used

@@ -53,6 +53,14 @@ _EXPORTS: dict[str, str] = {
     "ChecksumError": "tokenmill.errors",
     "ObjectStorageConfig": "tokenmill.storage.object_storage",
     "ObjectStorageError": "tokenmill.errors",
+    "Mixture": "tokenmill.datasets.mixture",
+    "MixtureConfig": "tokenmill.datasets.mixture_config",
+    "MixtureSource": "tokenmill.datasets.mixture_config",
+    "MixturePhase": "tokenmill.datasets.mixture_config",
+    "MixtureConfigError": "tokenmill.datasets.mixture_config",
+    "MixtureDataset": "tokenmill.loading.mixture",
+    "MixtureLoader": "tokenmill.loading.mixture",
+    "SourceExhaustedError": "tokenmill.index.mixture_plan",
     "TokenmillError": "tokenmill.errors",
     "DataFormatError": "tokenmill.errors",
     "CacheError": "tokenmill.errors",
@@ -99,6 +107,14 @@ __all__ = [  # noqa: RUF022 - grouped like _EXPORTS
     "ChecksumError",
     "ObjectStorageConfig",
     "ObjectStorageError",
+    "Mixture",
+    "MixtureConfig",
+    "MixtureSource",
+    "MixturePhase",
+    "MixtureConfigError",
+    "MixtureDataset",
+    "MixtureLoader",
+    "SourceExhaustedError",
     "PerformanceWarning",
     "TokenmillError",
     "DataFormatError",
@@ -114,6 +130,13 @@ if TYPE_CHECKING:
     from tokenmill.datasets.config_file import load_run_config
     from tokenmill.datasets.gpt import GPTDataset, GPTDatasetConfig, MockGPTDataset
     from tokenmill.datasets.memory_mapped import MemoryMappedDataset
+    from tokenmill.datasets.mixture import Mixture
+    from tokenmill.datasets.mixture_config import (
+        MixtureConfig,
+        MixtureConfigError,
+        MixturePhase,
+        MixtureSource,
+    )
     from tokenmill.datasets.nanogpt import NanogptDataset
     from tokenmill.datasets.packed import PackedDataset, PackingConfig, document_block_mask
     from tokenmill.datasets.utils import (
@@ -136,7 +159,9 @@ if TYPE_CHECKING:
     from tokenmill.formats.megatron import DType, IndexedDataset, IndexedDatasetBuilder
     from tokenmill.formats.nanogpt import NanogptShard, NanogptShardWriter, write_nanogpt_shard
     from tokenmill.formats.token_dir import open_token_file
+    from tokenmill.index.mixture_plan import SourceExhaustedError
     from tokenmill.index.token_scan import find_token_positions
+    from tokenmill.loading.mixture import MixtureDataset, MixtureLoader
     from tokenmill.loading.world import World
     from tokenmill.storage.manifest import Manifest
     from tokenmill.storage.object_storage import ObjectStorageConfig

@@ -131,3 +131,14 @@ def gather_packed_rows(
     doc_ids: npt.NDArray[np.int32],
     cu_seqlens: npt.NDArray[np.int32],
 ) -> None: ...
+def philox_block(
+    counter: tuple[int, int, int, int] | list[int], key: tuple[int, int] | list[int]
+) -> tuple[int, int, int, int]: ...
+def draw_chunk_sources(
+    thresholds: npt.NDArray[np.uint64],
+    key: tuple[int, int] | list[int],
+    stream: int,
+    draw: int,
+    first_chunk: int,
+    out: npt.NDArray[np.int32],
+) -> None: ...

@@ -26,6 +26,7 @@ def _subcommand_registrars() -> list[Registrar]:
         inspect_cmd,
         publish,
         tokenize_cmd,
+        validate,
     )
 
     return [
@@ -34,6 +35,7 @@ def _subcommand_registrars() -> list[Registrar]:
         convert.register,
         inspect_cmd.register,
         bench.register,
+        validate.register,
         build_cache.register,
         publish.register,
         download.register,
