@@ -42,6 +42,9 @@ _EXPORTS: dict[str, str] = {
     "open_token_file": "tokenmill.formats.token_dir",
     "find_token_positions": "tokenmill.index.token_scan",
     "World": "tokenmill.loading.world",
+    "ThreadedBatchLoader": "tokenmill.loading.threaded",
+    "make_data_loader": "tokenmill.loading.batch",
+    "collate": "tokenmill.loading.batch",
     # offline cache builds, publishing and downloads
     "load_run_config": "tokenmill.datasets.config_file",
     "build_cache": "tokenmill.datasets.cache_build",
@@ -97,6 +100,9 @@ __all__ = [  # noqa: RUF022 - grouped like _EXPORTS
     "open_token_file",
     "find_token_positions",
     "World",
+    "ThreadedBatchLoader",
+    "make_data_loader",
+    "collate",
     "load_run_config",
     "build_cache",
     "check_cache",
@@ -161,7 +167,9 @@ if TYPE_CHECKING:
     from tokenmill.formats.token_dir import open_token_file
     from tokenmill.index.mixture_plan import SourceExhaustedError
     from tokenmill.index.token_scan import find_token_positions
+    from tokenmill.loading.batch import collate, make_data_loader
     from tokenmill.loading.mixture import MixtureDataset, MixtureLoader
+    from tokenmill.loading.threaded import ThreadedBatchLoader
     from tokenmill.loading.world import World
     from tokenmill.storage.manifest import Manifest
     from tokenmill.storage.object_storage import ObjectStorageConfig
