@@ -365,8 +365,18 @@ class S3Client:
             delay = self.retry.delay(attempt, self._random)
         time.sleep(delay)
 
-    def _call(self, what: str, url: S3Url, operation: Callable[[Any], _T]) -> _T:
-        """Run ``operation(boto_client)`` under the retry policy, translating final errors."""
+    def call(self, what: str, url: S3Url, operation: Callable[[Any], _T]) -> _T:
+        """Run ``operation(boto_client)`` under the retry policy, translating final errors.
+
+        The escape hatch for S3 operations this class has no method for (multipart uploads,
+        HEAD with metadata): ``what`` names the operation in errors.
+
+        Raises:
+            FileNotFoundError: the object does not exist.
+            PermissionError: access is denied.
+            ObjectChangedError: a conditional request failed (the object changed).
+            ObjectStorageError: a permanent error, or the retry budget is spent.
+        """
         started = time.monotonic()
         attempt = 0
         while True:
@@ -415,7 +425,7 @@ class S3Client:
             ObjectStorageError: the retry budget was spent.
         """
         parsed = _as_url(url).require_key()
-        response = self._call(
+        response = self.call(
             "HEAD", parsed, lambda c: c.head_object(Bucket=parsed.bucket, Key=parsed.key)
         )
         return ObjectInfo(str(parsed), int(response["ContentLength"]), str(response["ETag"]))
@@ -473,7 +483,7 @@ class S3Client:
                 raise _ShortBody(f"got {len(data)} of {expected} bytes")
             return data
 
-        return self._call(f"GET bytes={start}-{stop - 1}", parsed, fetch)
+        return self.call(f"GET bytes={start}-{stop - 1}", parsed, fetch)
 
     def download(self, url: str | S3Url, local_path: str | os.PathLike[str]) -> ObjectInfo:
         """Copy an object to ``local_path`` atomically (temporary file, then rename).
@@ -525,7 +535,7 @@ class S3Client:
             arguments: dict[str, Any] = {"Bucket": parsed.bucket, "Prefix": parsed.key}
             if token:
                 arguments["ContinuationToken"] = token
-            page: dict[str, Any] = self._call(
+            page: dict[str, Any] = self.call(
                 "LIST", parsed, functools.partial(_list_page, arguments=arguments)
             )
             for item in page.get("Contents", []):
@@ -584,7 +594,7 @@ class S3Client:
                 )
                 client.upload_file(path, parsed.bucket, parsed.key, Config=transfer)
 
-        self._call(f"PUT from {path}", parsed, put)
+        self.call(f"PUT from {path}", parsed, put)
         info = self.stat(parsed)
         if info.size != size:
             raise ObjectStorageError(
@@ -595,7 +605,7 @@ class S3Client:
     def delete(self, url: str | S3Url) -> None:
         """Delete an object (no error if it is already gone)."""
         parsed = _as_url(url).require_key()
-        self._call(
+        self.call(
             "DELETE", parsed, lambda c: c.delete_object(Bucket=parsed.bucket, Key=parsed.key)
         )
 

@@ -296,7 +296,7 @@ def _s3_head(client: Any, url: str) -> dict[str, Any] | None:
 
     parsed = S3Url.parse(url)
     try:
-        response: dict[str, Any] = client._call(
+        response: dict[str, Any] = client.call(
             "HEAD", parsed, lambda c: c.head_object(Bucket=parsed.bucket, Key=parsed.key)
         )
     except FileNotFoundError:
@@ -320,7 +320,7 @@ def _s3_upload(
     if size <= policy.part_bytes:
         with open(path, "rb") as stream:
             data = stream.read()
-        client._call(
+        client.call(
             f"PUT from {path}",
             parsed,
             lambda c: c.put_object(
@@ -331,7 +331,7 @@ def _s3_upload(
 
     # Resume the newest unfinished multipart upload of this key, keeping parts whose size and
     # MD5 ETag equal ours (anything else is re-sent, so a stale upload cannot leak in).
-    listing = client._call(
+    listing = client.call(
         "LIST multipart uploads",
         parsed,
         lambda c: c.list_multipart_uploads(Bucket=bucket, Prefix=key),
@@ -340,7 +340,7 @@ def _s3_upload(
     held: dict[int, tuple[int, str]] = {}
     if uploads:
         upload_id = max(uploads, key=lambda u: u.get("Initiated", 0))["UploadId"]
-        parts = client._call(
+        parts = client.call(
             "LIST parts",
             parsed,
             lambda c: c.list_parts(Bucket=bucket, Key=key, UploadId=upload_id),
@@ -350,7 +350,7 @@ def _s3_upload(
             for p in parts.get("Parts", [])
         }
     else:
-        created = client._call(
+        created = client.call(
             "CREATE multipart upload",
             parsed,
             lambda c: c.create_multipart_upload(Bucket=bucket, Key=key, Metadata=metadata),
@@ -368,7 +368,7 @@ def _s3_upload(
             etag = hashlib.md5(data, usedforsecurity=False).hexdigest()
             if held.get(number) != (len(data), etag):
                 part_number, body = number, data
-                client._call(
+                client.call(
                     f"PUT part {number} from {path}",
                     parsed,
                     lambda c, n=part_number, b=body: c.upload_part(
@@ -382,7 +382,7 @@ def _s3_upload(
                 )
                 sent += len(data)
             completed.append({"PartNumber": number, "ETag": f'"{etag}"'})
-    client._call(
+    client.call(
         "COMPLETE multipart upload",
         parsed,
         lambda c: c.complete_multipart_upload(
@@ -492,7 +492,7 @@ def publish(
         from tokenmill.storage.s3 import S3Url
 
         parsed = S3Url.parse(report.manifest_location)
-        client._call(
+        client.call(
             "PUT manifest",
             parsed,
             lambda c: c.put_object(
