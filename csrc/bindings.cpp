@@ -4,7 +4,9 @@
 #include <pybind11/pybind11.h>
 
 #include <cstdint>
+#include <limits>
 #include <optional>
+#include <stdexcept>
 #include <span>
 #include <string>
 #include <type_traits>
@@ -12,6 +14,7 @@
 #include <vector>
 
 #include "blending.hpp"
+#include "common.hpp"
 #include "gather.hpp"
 #include "packing.hpp"
 #include "sample_index.hpp"
@@ -119,6 +122,26 @@ void check_sample_index_shape(const py::array& sample_index) {
   }
 }
 
+// An int32 sample index stores document positions up to len(document_index) - 1 and offsets up
+// to the longest document; a uint32 shuffle index stores sample ids below num_samples. The
+// Python wrappers pick int64 past those limits (megatron-core's rule); callers that do not must
+// get an error, not positions truncated to 32 bits.
+void check_sample_index_fits(const py::array& sample_index, int64_t num_documents) {
+  if (has_dtype<int32_t>(sample_index) &&
+      num_documents - 1 > static_cast<int64_t>(std::numeric_limits<int32_t>::max())) {
+    throw std::overflow_error("an int32 sample_index cannot hold document positions up to " +
+                              std::to_string(num_documents - 1) + "; use int64");
+  }
+}
+
+void check_shuffle_index_fits(const py::array& shuffle_index, int64_t num_samples) {
+  if (has_dtype<uint32_t>(shuffle_index) &&
+      num_samples - 1 > static_cast<int64_t>(std::numeric_limits<uint32_t>::max())) {
+    throw std::overflow_error("a uint32 shuffle_index cannot hold sample ids up to " +
+                              std::to_string(num_samples - 1) + "; use int64");
+  }
+}
+
 void build_sample_index(const py::array& sizes_array, const py::array& document_index_array,
                         int64_t sequence_length, int64_t extra_token, py::array sample_index,
                         int num_threads) {
@@ -126,8 +149,9 @@ void build_sample_index(const py::array& sizes_array, const py::array& document_
   check_sample_index_shape(sample_index);
   auto sizes = input_span<int32_t>(sizes_array, "sizes");
   auto documents = input_span<int32_t>(document_index_array, "document_index");
-  check_documents(sizes, documents, "document_index");
   if (documents.empty()) fail_value("document_index must not be empty");
+  check_sample_index_fits(sample_index, static_cast<int64_t>(documents.size()));
+  check_documents(sizes, documents, "document_index");
   auto run = [&](auto rows) {
     py::gil_scoped_release release;  // buffers are owned by the caller for the whole call
     tokenmill::build_sample_index(sizes, documents, sequence_length, extra_token, rows,
@@ -163,7 +187,9 @@ void build_gpt_indices(const py::array& sizes_array, const py::array& indices_ar
   if (indices.empty()) fail_value("indices must not be empty");
   check_documents(sizes, indices, "indices");
   auto documents = output_span<int32_t>(document_index_array, "document_index");
-  const int64_t expected = static_cast<int64_t>(indices.size()) * num_epochs;
+  const int64_t expected =
+      tokenmill::checked_mul(static_cast<int64_t>(indices.size()), num_epochs,
+                             "num_epochs * len(indices)");
   if (static_cast<int64_t>(documents.size()) != expected) {
     fail_value("document_index must have num_epochs * len(indices) = " +
                std::to_string(expected) + " entries, got " + std::to_string(documents.size()));
@@ -173,6 +199,8 @@ void build_gpt_indices(const py::array& sizes_array, const py::array& indices_ar
     fail_value("shuffle_index must have num_samples = " + std::to_string(num_samples) +
                " entries");
   }
+  check_sample_index_fits(sample_index, expected);
+  check_shuffle_index_fits(shuffle_index, num_samples);
   if (shuffle_split < 0 || shuffle_split > num_samples) {
     fail_value("shuffle_split must be in [0, " + std::to_string(num_samples) + "], got " +
                std::to_string(shuffle_split));
