@@ -52,6 +52,21 @@ std::span<const T> input_span(const py::array& array, const char* name) {
   return {static_cast<const T*>(array.data()), static_cast<size_t>(array.size())};
 }
 
+// Like input_span, for arrays read in place from a Megatron .idx (lengths, pointers), which may
+// sit at any byte offset.
+template <typename T>
+tokenmill::UnalignedSpan<T> input_unaligned(const py::array& array, const char* name) {
+  if (!has_dtype<T>(array)) {
+    throw py::type_error(std::string(name) + " must have dtype " +
+                         py::str(py::dtype::of<T>()).cast<std::string>() + ", got " +
+                         dtype_name(array));
+  }
+  if (!(array.flags() & py::array::c_style)) {
+    throw py::type_error(std::string(name) + " must be C-contiguous");
+  }
+  return {array.data(), static_cast<size_t>(array.size())};
+}
+
 template <typename T>
 std::span<T> output_span(py::array& array, const char* name) {
   auto view = input_span<T>(array, name);
@@ -59,7 +74,7 @@ std::span<T> output_span(py::array& array, const char* name) {
   return {const_cast<T*>(view.data()), view.size()};
 }
 
-void check_documents(std::span<const int32_t> sizes, std::span<const int32_t> documents,
+void check_documents(tokenmill::UnalignedSpan<int32_t> sizes, std::span<const int32_t> documents,
                      const char* name) {
   int64_t bad = -1;
   {
@@ -100,7 +115,7 @@ void shuffle_like_numpy(py::array values, int64_t seed) {
 }
 
 int64_t sum_selected_lengths(const py::array& sizes_array, const py::array& indices_array) {
-  auto sizes = input_span<int32_t>(sizes_array, "sizes");
+  auto sizes = input_unaligned<int32_t>(sizes_array, "sizes");
   auto indices = input_span<int32_t>(indices_array, "indices");
   check_documents(sizes, indices, "indices");
   py::gil_scoped_release release;  // read-only loop over caller-owned buffers
@@ -147,7 +162,7 @@ void build_sample_index(const py::array& sizes_array, const py::array& document_
                         int num_threads) {
   check_sequence(sequence_length, extra_token);
   check_sample_index_shape(sample_index);
-  auto sizes = input_span<int32_t>(sizes_array, "sizes");
+  auto sizes = input_unaligned<int32_t>(sizes_array, "sizes");
   auto documents = input_span<int32_t>(document_index_array, "document_index");
   if (documents.empty()) fail_value("document_index must not be empty");
   check_sample_index_fits(sample_index, static_cast<int64_t>(documents.size()));
@@ -182,7 +197,7 @@ void build_gpt_indices(const py::array& sizes_array, const py::array& indices_ar
   plan.sequence_length = sequence_length;
   plan.extra_token = extra_token;
   plan.num_threads = num_threads;
-  auto sizes = input_span<int32_t>(sizes_array, "sizes");
+  auto sizes = input_unaligned<int32_t>(sizes_array, "sizes");
   auto indices = input_span<int32_t>(indices_array, "indices");
   if (indices.empty()) fail_value("indices must not be empty");
   check_documents(sizes, indices, "indices");
@@ -359,7 +374,7 @@ py::array_t<T> vector_to_array(std::vector<T>&& values, std::vector<py::ssize_t>
 py::tuple plan_packing(const py::array& lengths_array, int64_t row_length, int64_t overlap,
                        int64_t max_pieces_per_row, int64_t window, int64_t max_open_rows,
                        int64_t segment, bool bos_aligned, int num_threads) {
-  auto lengths = input_span<int32_t>(lengths_array, "lengths");
+  auto lengths = input_unaligned<int32_t>(lengths_array, "lengths");
   if (row_length < 2) fail_value("sequence_length must be >= 2, got " + std::to_string(row_length));
   if (overlap < 0 || 2 * overlap > row_length) {
     fail_value("window_overlap must be in [0, sequence_length / 2], got " +
@@ -407,8 +422,8 @@ void gather_packed_rows(const py::array& entries_array, const py::array& row_off
   auto entries = input_span<int64_t>(entries_array, "entries");
   auto row_offsets = input_span<int64_t>(row_offsets_array, "row_offsets");
   auto rows = input_span<int64_t>(rows_array, "rows");
-  auto pointers = input_span<int64_t>(pointers_array, "sequence_pointers");
-  auto lengths = input_span<int32_t>(lengths_array, "sequence_lengths");
+  auto pointers = input_unaligned<int64_t>(pointers_array, "sequence_pointers");
+  auto lengths = input_unaligned<int32_t>(lengths_array, "sequence_lengths");
   if (pointers.size() != lengths.size()) {
     fail_value("sequence_pointers and sequence_lengths must have the same length");
   }
@@ -494,8 +509,8 @@ class Gatherer {
       throw py::type_error("sample_index must be int32 or int64, got " + dtype_name(sample_));
     }
     document_span_ = input_span<int32_t>(document_, "document_index");
-    pointers_span_ = input_span<int64_t>(pointers_, "sequence_pointers");
-    lengths_span_ = input_span<int32_t>(lengths_, "sequence_lengths");
+    pointers_span_ = input_unaligned<int64_t>(pointers_, "sequence_pointers");
+    lengths_span_ = input_unaligned<int32_t>(lengths_, "sequence_lengths");
     if (pointers_span_.size() != lengths_span_.size()) {
       fail_value("sequence_pointers and sequence_lengths must have the same length, got " +
                  std::to_string(pointers_span_.size()) + " and " +
@@ -699,8 +714,8 @@ class Gatherer {
   std::span<const int32_t> sample32_;
   std::span<const int64_t> sample64_;
   std::span<const int32_t> document_span_;
-  std::span<const int64_t> pointers_span_;
-  std::span<const int32_t> lengths_span_;
+  tokenmill::UnalignedSpan<int64_t> pointers_span_;
+  tokenmill::UnalignedSpan<int32_t> lengths_span_;
   tokenmill::GatherOptions options_;
 };
 
