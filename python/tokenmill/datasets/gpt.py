@@ -265,10 +265,13 @@ class GPTDataset(MegatronDataset):
 
     def data_prefixes(self) -> list[str]:
         """The `.bin`/`.idx` prefixes this dataset's indices are computed from (fingerprinted
-        beside the cache entry); empty for mock and non-file low-level datasets."""
+        beside the cache entry); empty for mock, non-file and object-storage datasets (whose
+        files cannot be stat'ed; not fingerprinted yet)."""
         from tokenmill.formats.megatron import IndexedDataset
 
-        if isinstance(self.dataset, IndexedDataset):
+        if isinstance(self.dataset, IndexedDataset) and not _is_object_storage_path(
+            self.dataset.path_prefix
+        ):
             return [self.dataset.path_prefix]
         return []
 
