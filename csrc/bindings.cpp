@@ -5,7 +5,9 @@
 
 #include <array>
 #include <cstdint>
+#include <limits>
 #include <optional>
+#include <stdexcept>
 #include <span>
 #include <string>
 #include <type_traits>
@@ -13,6 +15,7 @@
 #include <vector>
 
 #include "blending.hpp"
+#include "common.hpp"
 #include "gather.hpp"
 #include "packing.hpp"
 #include "philox.hpp"
@@ -51,6 +54,21 @@ std::span<const T> input_span(const py::array& array, const char* name) {
   return {static_cast<const T*>(array.data()), static_cast<size_t>(array.size())};
 }
 
+// Like input_span, for arrays read in place from a Megatron .idx (lengths, pointers), which may
+// sit at any byte offset.
+template <typename T>
+tokenmill::UnalignedSpan<T> input_unaligned(const py::array& array, const char* name) {
+  if (!has_dtype<T>(array)) {
+    throw py::type_error(std::string(name) + " must have dtype " +
+                         py::str(py::dtype::of<T>()).cast<std::string>() + ", got " +
+                         dtype_name(array));
+  }
+  if (!(array.flags() & py::array::c_style)) {
+    throw py::type_error(std::string(name) + " must be C-contiguous");
+  }
+  return {array.data(), static_cast<size_t>(array.size())};
+}
+
 template <typename T>
 std::span<T> output_span(py::array& array, const char* name) {
   auto view = input_span<T>(array, name);
@@ -58,7 +76,7 @@ std::span<T> output_span(py::array& array, const char* name) {
   return {const_cast<T*>(view.data()), view.size()};
 }
 
-void check_documents(std::span<const int32_t> sizes, std::span<const int32_t> documents,
+void check_documents(tokenmill::UnalignedSpan<int32_t> sizes, std::span<const int32_t> documents,
                      const char* name) {
   int64_t bad = -1;
   {
@@ -99,7 +117,7 @@ void shuffle_like_numpy(py::array values, int64_t seed) {
 }
 
 int64_t sum_selected_lengths(const py::array& sizes_array, const py::array& indices_array) {
-  auto sizes = input_span<int32_t>(sizes_array, "sizes");
+  auto sizes = input_unaligned<int32_t>(sizes_array, "sizes");
   auto indices = input_span<int32_t>(indices_array, "indices");
   check_documents(sizes, indices, "indices");
   py::gil_scoped_release release;  // read-only loop over caller-owned buffers
@@ -121,15 +139,36 @@ void check_sample_index_shape(const py::array& sample_index) {
   }
 }
 
+// An int32 sample index stores document positions up to len(document_index) - 1 and offsets up
+// to the longest document; a uint32 shuffle index stores sample ids below num_samples. The
+// Python wrappers pick int64 past those limits (megatron-core's rule); callers that do not must
+// get an error, not positions truncated to 32 bits.
+void check_sample_index_fits(const py::array& sample_index, int64_t num_documents) {
+  if (has_dtype<int32_t>(sample_index) &&
+      num_documents - 1 > static_cast<int64_t>(std::numeric_limits<int32_t>::max())) {
+    throw std::overflow_error("an int32 sample_index cannot hold document positions up to " +
+                              std::to_string(num_documents - 1) + "; use int64");
+  }
+}
+
+void check_shuffle_index_fits(const py::array& shuffle_index, int64_t num_samples) {
+  if (has_dtype<uint32_t>(shuffle_index) &&
+      num_samples - 1 > static_cast<int64_t>(std::numeric_limits<uint32_t>::max())) {
+    throw std::overflow_error("a uint32 shuffle_index cannot hold sample ids up to " +
+                              std::to_string(num_samples - 1) + "; use int64");
+  }
+}
+
 void build_sample_index(const py::array& sizes_array, const py::array& document_index_array,
                         int64_t sequence_length, int64_t extra_token, py::array sample_index,
                         int num_threads) {
   check_sequence(sequence_length, extra_token);
   check_sample_index_shape(sample_index);
-  auto sizes = input_span<int32_t>(sizes_array, "sizes");
+  auto sizes = input_unaligned<int32_t>(sizes_array, "sizes");
   auto documents = input_span<int32_t>(document_index_array, "document_index");
-  check_documents(sizes, documents, "document_index");
   if (documents.empty()) fail_value("document_index must not be empty");
+  check_sample_index_fits(sample_index, static_cast<int64_t>(documents.size()));
+  check_documents(sizes, documents, "document_index");
   auto run = [&](auto rows) {
     py::gil_scoped_release release;  // buffers are owned by the caller for the whole call
     tokenmill::build_sample_index(sizes, documents, sequence_length, extra_token, rows,
@@ -160,12 +199,14 @@ void build_gpt_indices(const py::array& sizes_array, const py::array& indices_ar
   plan.sequence_length = sequence_length;
   plan.extra_token = extra_token;
   plan.num_threads = num_threads;
-  auto sizes = input_span<int32_t>(sizes_array, "sizes");
+  auto sizes = input_unaligned<int32_t>(sizes_array, "sizes");
   auto indices = input_span<int32_t>(indices_array, "indices");
   if (indices.empty()) fail_value("indices must not be empty");
   check_documents(sizes, indices, "indices");
   auto documents = output_span<int32_t>(document_index_array, "document_index");
-  const int64_t expected = static_cast<int64_t>(indices.size()) * num_epochs;
+  const int64_t expected =
+      tokenmill::checked_mul(static_cast<int64_t>(indices.size()), num_epochs,
+                             "num_epochs * len(indices)");
   if (static_cast<int64_t>(documents.size()) != expected) {
     fail_value("document_index must have num_epochs * len(indices) = " +
                std::to_string(expected) + " entries, got " + std::to_string(documents.size()));
@@ -175,6 +216,8 @@ void build_gpt_indices(const py::array& sizes_array, const py::array& indices_ar
     fail_value("shuffle_index must have num_samples = " + std::to_string(num_samples) +
                " entries");
   }
+  check_sample_index_fits(sample_index, expected);
+  check_shuffle_index_fits(shuffle_index, num_samples);
   if (shuffle_split < 0 || shuffle_split > num_samples) {
     fail_value("shuffle_split must be in [0, " + std::to_string(num_samples) + "], got " +
                std::to_string(shuffle_split));
@@ -337,7 +380,7 @@ py::array_t<T> vector_to_array(std::vector<T>&& values, std::vector<py::ssize_t>
 py::tuple plan_packing(const py::array& lengths_array, int64_t row_length, int64_t overlap,
                        int64_t max_pieces_per_row, int64_t window, int64_t max_open_rows,
                        int64_t segment, bool bos_aligned, int num_threads) {
-  auto lengths = input_span<int32_t>(lengths_array, "lengths");
+  auto lengths = input_unaligned<int32_t>(lengths_array, "lengths");
   if (row_length < 2) fail_value("sequence_length must be >= 2, got " + std::to_string(row_length));
   if (overlap < 0 || 2 * overlap > row_length) {
     fail_value("window_overlap must be in [0, sequence_length / 2], got " +
@@ -385,8 +428,8 @@ void gather_packed_rows(const py::array& entries_array, const py::array& row_off
   auto entries = input_span<int64_t>(entries_array, "entries");
   auto row_offsets = input_span<int64_t>(row_offsets_array, "row_offsets");
   auto rows = input_span<int64_t>(rows_array, "rows");
-  auto pointers = input_span<int64_t>(pointers_array, "sequence_pointers");
-  auto lengths = input_span<int32_t>(lengths_array, "sequence_lengths");
+  auto pointers = input_unaligned<int64_t>(pointers_array, "sequence_pointers");
+  auto lengths = input_unaligned<int32_t>(lengths_array, "sequence_lengths");
   if (pointers.size() != lengths.size()) {
     fail_value("sequence_pointers and sequence_lengths must have the same length");
   }
@@ -472,8 +515,8 @@ class Gatherer {
       throw py::type_error("sample_index must be int32 or int64, got " + dtype_name(sample_));
     }
     document_span_ = input_span<int32_t>(document_, "document_index");
-    pointers_span_ = input_span<int64_t>(pointers_, "sequence_pointers");
-    lengths_span_ = input_span<int32_t>(lengths_, "sequence_lengths");
+    pointers_span_ = input_unaligned<int64_t>(pointers_, "sequence_pointers");
+    lengths_span_ = input_unaligned<int32_t>(lengths_, "sequence_lengths");
     if (pointers_span_.size() != lengths_span_.size()) {
       fail_value("sequence_pointers and sequence_lengths must have the same length, got " +
                  std::to_string(pointers_span_.size()) + " and " +
@@ -680,8 +723,8 @@ class Gatherer {
   std::span<const int32_t> sample32_;
   std::span<const int64_t> sample64_;
   std::span<const int32_t> document_span_;
-  std::span<const int64_t> pointers_span_;
-  std::span<const int32_t> lengths_span_;
+  tokenmill::UnalignedSpan<int64_t> pointers_span_;
+  tokenmill::UnalignedSpan<int32_t> lengths_span_;
   tokenmill::GatherOptions options_;
 };
 

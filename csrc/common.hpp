@@ -4,12 +4,42 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <span>
 #include <stdexcept>
 #include <string>
 
 namespace tokenmill {
+
+// A read-only array of T that may start at any byte address. Megatron's .idx puts its int32
+// sequence lengths at byte 34 and its int64 pointers at byte 34 + 4 * count, so in a mapped
+// .idx they are never naturally aligned; a std::span<const T> over them would be undefined
+// behaviour (UBSan reports it, and a vectorising compiler may emit aligned loads). Elements are
+// loaded with memcpy, which is a single plain load on x86-64 and aarch64.
+template <typename T>
+class UnalignedSpan {
+ public:
+  UnalignedSpan() = default;
+  UnalignedSpan(const void* data, size_t size)
+      : data_(static_cast<const unsigned char*>(data)), size_(size) {}
+  size_t size() const { return size_; }
+  bool empty() const { return size_ == 0; }
+  T operator[](size_t i) const {
+    T value;
+    std::memcpy(&value, data_ + i * sizeof(T), sizeof(T));
+    return value;
+  }
+  // For __builtin_prefetch.
+  const void* address(size_t i) const { return data_ + i * sizeof(T); }
+  UnalignedSpan subspan(size_t offset, size_t count) const {
+    return {data_ + offset * sizeof(T), count};
+  }
+
+ private:
+  const unsigned char* data_ = nullptr;
+  size_t size_ = 0;
+};
 
 // Integer ceil-div for non-negative operands (never routed through float).
 constexpr int64_t ceil_div(int64_t numerator, int64_t denominator) {

@@ -30,7 +30,7 @@ struct Part {
 // every array so a corrupt index raises instead of reading out of bounds.
 template <typename TokenT>
 void sample_parts(const int64_t* bound, std::span<const int32_t> document_index,
-                  std::span<const int64_t> pointers, std::span<const int32_t> lengths,
+                  UnalignedSpan<int64_t> pointers, UnalignedSpan<int32_t> lengths,
                   size_t token_count, int64_t extra, int64_t target, std::vector<Part>& parts) {
   parts.clear();
   const int64_t b_row = bound[0], b_off = bound[1], e_row = bound[2], e_off = bound[3];
@@ -174,7 +174,7 @@ namespace {
 // Samples [first, last) of the batch (see gather_samples).
 template <typename TokenT, typename OutT>
 void gather_range(std::span<const int64_t> bounds, std::span<const int32_t> document_index,
-                  std::span<const int64_t> pointers, std::span<const int32_t> lengths,
+                  UnalignedSpan<int64_t> pointers, UnalignedSpan<int32_t> lengths,
                   std::span<const TokenT> tokens, std::span<const int64_t> rows,
                   const GatherOptions& options, const GatherOutputs<OutT>& outputs, size_t first,
                   size_t last) {
@@ -306,7 +306,7 @@ void gather_range(std::span<const int64_t> bounds, std::span<const int32_t> docu
 // thread: a large batch is bound by the bandwidth one core can write, and two cores write more.
 template <typename TokenT, typename OutT>
 void gather_samples(std::span<const int64_t> bounds, std::span<const int32_t> document_index,
-                    std::span<const int64_t> pointers, std::span<const int32_t> lengths,
+                    UnalignedSpan<int64_t> pointers, UnalignedSpan<int32_t> lengths,
                     std::span<const TokenT> tokens, std::span<const int64_t> rows,
                     const GatherOptions& options, const GatherOutputs<OutT>& outputs) {
   const size_t count = bounds.size() / 4;
@@ -347,8 +347,8 @@ TOKENMILL_RESOLVE(int64_t, int64_t)
 
 #define TOKENMILL_GATHER(T, O)                                                                \
   template void gather_samples<T, O>(                                                         \
-      std::span<const int64_t>, std::span<const int32_t>, std::span<const int64_t>,           \
-      std::span<const int32_t>, std::span<const T>, std::span<const int64_t>,                 \
+      std::span<const int64_t>, std::span<const int32_t>, UnalignedSpan<int64_t>,             \
+      UnalignedSpan<int32_t>, std::span<const T>, std::span<const int64_t>,                   \
       const GatherOptions&, const GatherOutputs<O>&);
 #define TOKENMILL_GATHER_ALL(T) \
   TOKENMILL_GATHER(T, int64_t)  \

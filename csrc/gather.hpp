@@ -11,6 +11,8 @@
 // per-sample bookkeeping is a handful of loads from the index arrays (no allocation).
 #pragma once
 
+#include "common.hpp"
+
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -59,7 +61,7 @@ struct GatherOptions {
 // the document index, the sequences or the .bin (a corrupt index), never reading out of bounds.
 template <typename TokenT, typename OutT>
 void gather_samples(std::span<const int64_t> bounds, std::span<const int32_t> document_index,
-                    std::span<const int64_t> pointers, std::span<const int32_t> lengths,
+                    UnalignedSpan<int64_t> pointers, UnalignedSpan<int32_t> lengths,
                     std::span<const TokenT> tokens, std::span<const int64_t> rows,
                     const GatherOptions& options, const GatherOutputs<OutT>& outputs);
 

@@ -33,7 +33,7 @@ void close_row(PackingPlan& plan, const std::vector<Piece>& row, int64_t padding
 
 // Whole documents, long ones cut into windows; with `windows` false (BOS-aligned mode) long
 // documents stay whole and are cropped by the planner, each remainder behind an inserted BOS.
-std::vector<Piece> make_pieces(std::span<const int32_t> lengths, int64_t first_document,
+std::vector<Piece> make_pieces(UnalignedSpan<int32_t> lengths, int64_t first_document,
                                int64_t row_length, int64_t overlap, bool windows) {
   std::vector<Piece> pieces;
   pieces.reserve(lengths.size());
@@ -172,7 +172,7 @@ PackingPlan plan_bos_aligned(const std::vector<Piece>& pieces, const PackingOpti
 
 }  // namespace
 
-PackingPlan plan_packing(std::span<const int32_t> lengths, const PackingOptions& options) {
+PackingPlan plan_packing(UnalignedSpan<int32_t> lengths, const PackingOptions& options) {
   const size_t documents = lengths.size();
   const size_t segment = static_cast<size_t>(std::max<int64_t>(options.segment, 1));
   const size_t segments = documents == 0 ? 0 : (documents + segment - 1) / segment;
@@ -214,8 +214,8 @@ PackingPlan plan_packing(std::span<const int32_t> lengths, const PackingOptions&
 
 template <typename TokenT>
 void gather_packed_rows(std::span<const int64_t> entries, std::span<const int64_t> row_offsets,
-                        std::span<const int64_t> rows, std::span<const int64_t> pointers,
-                        std::span<const int32_t> lengths, std::span<const TokenT> tokens,
+                        std::span<const int64_t> rows, UnalignedSpan<int64_t> pointers,
+                        UnalignedSpan<int32_t> lengths, std::span<const TokenT> tokens,
                         const PackedRowOptions& options, std::span<int64_t> input_ids,
                         std::span<int64_t> labels, std::span<int64_t> position_ids,
                         std::span<int32_t> doc_ids, std::span<int32_t> cu_seqlens) {
@@ -295,7 +295,7 @@ void gather_packed_rows(std::span<const int64_t> entries, std::span<const int64_
 #define TOKENMILL_PACKED_GATHER(T)                                                          \
   template void gather_packed_rows<T>(                                                      \
       std::span<const int64_t>, std::span<const int64_t>, std::span<const int64_t>,         \
-      std::span<const int64_t>, std::span<const int32_t>, std::span<const T>,               \
+      UnalignedSpan<int64_t>, UnalignedSpan<int32_t>, std::span<const T>,                   \
       const PackedRowOptions&, std::span<int64_t>, std::span<int64_t>, std::span<int64_t>,  \
       std::span<int32_t>, std::span<int32_t>);
 TOKENMILL_PACKED_GATHER(uint8_t)

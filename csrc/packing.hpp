@@ -26,6 +26,8 @@
 // Cost: O(pieces x (log window + row_length / 64)); about 1 s per 10M documents per thread.
 #pragma once
 
+#include "common.hpp"
+
 #include <cstdint>
 #include <span>
 #include <vector>
@@ -55,7 +57,7 @@ struct PackingOptions {
 };
 
 // The plan for documents with `lengths` (in the order they should be consumed).
-PackingPlan plan_packing(std::span<const int32_t> lengths, const PackingOptions& options);
+PackingPlan plan_packing(UnalignedSpan<int32_t> lengths, const PackingOptions& options);
 
 struct PackedRowOptions {
   int64_t row_length = 0;
@@ -72,8 +74,8 @@ struct PackedRowOptions {
 // .bin). Throws std::out_of_range when a plan entry points outside its document or the .bin.
 template <typename TokenT>
 void gather_packed_rows(std::span<const int64_t> entries, std::span<const int64_t> row_offsets,
-                        std::span<const int64_t> rows, std::span<const int64_t> pointers,
-                        std::span<const int32_t> lengths, std::span<const TokenT> tokens,
+                        std::span<const int64_t> rows, UnalignedSpan<int64_t> pointers,
+                        UnalignedSpan<int32_t> lengths, std::span<const TokenT> tokens,
                         const PackedRowOptions& options, std::span<int64_t> input_ids,
                         std::span<int64_t> labels, std::span<int64_t> position_ids,
                         std::span<int32_t> doc_ids, std::span<int32_t> cu_seqlens);

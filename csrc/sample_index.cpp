@@ -10,7 +10,7 @@
 
 namespace tokenmill {
 
-int64_t sum_selected_lengths(std::span<const int32_t> sizes, std::span<const int32_t> indices) {
+int64_t sum_selected_lengths(UnalignedSpan<int32_t> sizes, std::span<const int32_t> indices) {
   int64_t total = 0;
   for (const int32_t index : indices) total += sizes[static_cast<size_t>(index)];
   return total;
@@ -28,12 +28,12 @@ namespace {
 constexpr int64_t kPrefetchDistance = 32;
 
 // Sum of the lengths of documents [begin, end) of document_index.
-int64_t count_tokens(std::span<const int32_t> sizes, std::span<const int32_t> document_index,
+int64_t count_tokens(UnalignedSpan<int32_t> sizes, std::span<const int32_t> document_index,
                      int64_t begin, int64_t end) {
   int64_t total = 0;
   for (int64_t p = begin; p < end; ++p) {
     if (p + kPrefetchDistance < end) {
-      __builtin_prefetch(sizes.data() + document_index[static_cast<size_t>(p + kPrefetchDistance)]);
+      __builtin_prefetch(sizes.address(static_cast<size_t>(document_index[static_cast<size_t>(p + kPrefetchDistance)])));
     }
     total += sizes[static_cast<size_t>(document_index[static_cast<size_t>(p)])];
   }
@@ -45,7 +45,7 @@ int64_t count_tokens(std::span<const int32_t> sizes, std::span<const int32_t> do
 // document p with start(p) < k * S + extra <= end(p), at offset k * S - start(p); the next such
 // boundary is carried along, so the walk needs no division per document.
 template <typename T>
-void emit_rows_for_documents(std::span<const int32_t> sizes,
+void emit_rows_for_documents(UnalignedSpan<int32_t> sizes,
                              std::span<const int32_t> document_index, int64_t begin,
                              int64_t end, int64_t tokens_before, int64_t sequence_length,
                              int64_t extra_token, int64_t num_samples, T* rows) {
@@ -58,7 +58,8 @@ void emit_rows_for_documents(std::span<const int32_t> sizes,
     // document_index is shuffled, so sizes[...] is a random access: fetch it ahead.
     if (position + kPrefetchDistance < end) {
       __builtin_prefetch(
-          sizes.data() + document_index[static_cast<size_t>(position + kPrefetchDistance)]);
+          sizes.address(static_cast<size_t>(
+              document_index[static_cast<size_t>(position + kPrefetchDistance)])));
     }
     const int64_t document_end =
         document_start + sizes[static_cast<size_t>(document_index[static_cast<size_t>(position)])];
@@ -75,7 +76,7 @@ void emit_rows_for_documents(std::span<const int32_t> sizes,
 }  // namespace
 
 template <typename T>
-void build_sample_index(std::span<const int32_t> sizes, std::span<const int32_t> document_index,
+void build_sample_index(UnalignedSpan<int32_t> sizes, std::span<const int32_t> document_index,
                         int64_t sequence_length, int64_t extra_token,
                         std::span<T> sample_index, int num_threads, int64_t total_tokens) {
   const int64_t num_samples = static_cast<int64_t>(sample_index.size() / 2) - 1;
@@ -136,7 +137,7 @@ void build_shuffle_index(std::span<ShuffleT> out, int64_t split, NumpyRandomStat
 }  // namespace
 
 template <typename SampleT, typename ShuffleT>
-void build_gpt_indices(std::span<const int32_t> sizes, std::span<const int32_t> indices,
+void build_gpt_indices(UnalignedSpan<int32_t> sizes, std::span<const int32_t> indices,
                        const GptIndexPlan& plan, std::span<int32_t> document_index,
                        std::span<SampleT> sample_index, std::span<ShuffleT> shuffle_index) {
   NumpyRandomState random(plan.seed);
@@ -164,23 +165,23 @@ void build_gpt_indices(std::span<const int32_t> sizes, std::span<const int32_t> 
   }
 }
 
-template void build_sample_index<int32_t>(std::span<const int32_t>, std::span<const int32_t>,
+template void build_sample_index<int32_t>(UnalignedSpan<int32_t>, std::span<const int32_t>,
                                           int64_t, int64_t, std::span<int32_t>, int, int64_t);
-template void build_sample_index<int64_t>(std::span<const int32_t>, std::span<const int32_t>,
+template void build_sample_index<int64_t>(UnalignedSpan<int32_t>, std::span<const int32_t>,
                                           int64_t, int64_t, std::span<int64_t>, int, int64_t);
-template void build_gpt_indices<int32_t, uint32_t>(std::span<const int32_t>,
+template void build_gpt_indices<int32_t, uint32_t>(UnalignedSpan<int32_t>,
                                                    std::span<const int32_t>, const GptIndexPlan&,
                                                    std::span<int32_t>, std::span<int32_t>,
                                                    std::span<uint32_t>);
-template void build_gpt_indices<int32_t, int64_t>(std::span<const int32_t>,
+template void build_gpt_indices<int32_t, int64_t>(UnalignedSpan<int32_t>,
                                                   std::span<const int32_t>, const GptIndexPlan&,
                                                   std::span<int32_t>, std::span<int32_t>,
                                                   std::span<int64_t>);
-template void build_gpt_indices<int64_t, uint32_t>(std::span<const int32_t>,
+template void build_gpt_indices<int64_t, uint32_t>(UnalignedSpan<int32_t>,
                                                    std::span<const int32_t>, const GptIndexPlan&,
                                                    std::span<int32_t>, std::span<int64_t>,
                                                    std::span<uint32_t>);
-template void build_gpt_indices<int64_t, int64_t>(std::span<const int32_t>,
+template void build_gpt_indices<int64_t, int64_t>(UnalignedSpan<int32_t>,
                                                   std::span<const int32_t>, const GptIndexPlan&,
                                                   std::span<int32_t>, std::span<int64_t>,
                                                   std::span<int64_t>);

@@ -19,20 +19,22 @@
 // d0[0:3], and the third row marks where sample 2 would start.
 #pragma once
 
+#include "common.hpp"
+
 #include <cstdint>
 #include <span>
 
 namespace tokenmill {
 
 // Sum of sizes[indices]; indices must be valid (checked by the caller).
-int64_t sum_selected_lengths(std::span<const int32_t> sizes, std::span<const int32_t> indices);
+int64_t sum_selected_lengths(UnalignedSpan<int32_t> sizes, std::span<const int32_t> indices);
 
 // Index of the first entry outside [0, limit), or -1 if all are inside.
 int64_t find_out_of_range(std::span<const int32_t> values, int64_t limit);
 
 // `total_tokens` is the sum of the sizes of document_index, or -1 to count it here.
 template <typename T>
-void build_sample_index(std::span<const int32_t> sizes, std::span<const int32_t> document_index,
+void build_sample_index(UnalignedSpan<int32_t> sizes, std::span<const int32_t> document_index,
                         int64_t sequence_length, int64_t extra_token,
                         std::span<T> sample_index, int num_threads, int64_t total_tokens = -1);
 
@@ -50,7 +52,7 @@ struct GptIndexPlan {
 // Fills the three preallocated outputs: document_index (num_epochs * indices.size()),
 // sample_index (2 * (num_samples + 1)) and shuffle_index (num_samples).
 template <typename SampleT, typename ShuffleT>
-void build_gpt_indices(std::span<const int32_t> sizes, std::span<const int32_t> indices,
+void build_gpt_indices(UnalignedSpan<int32_t> sizes, std::span<const int32_t> indices,
                        const GptIndexPlan& plan, std::span<int32_t> document_index,
                        std::span<SampleT> sample_index, std::span<ShuffleT> shuffle_index);
 

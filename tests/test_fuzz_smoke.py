@@ -107,6 +107,6 @@ def test_harness_lets_undocumented_exceptions_escape(monkeypatch: pytest.MonkeyP
 
 
 def test_every_harness_has_seeds_and_documented_types() -> None:
-    assert set(harnesses.ALLOWED) == set(harnesses.HARNESSES)
+    assert set(harnesses.HARNESSES) <= set(harnesses.ALLOWED)
     for name in harnesses.HARNESSES:
         assert harnesses.ALLOWED[name], name

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -70,8 +71,9 @@ def retokenize(shard: str, seed: int, count: int = 200, same_lengths: bool = Fal
     else:
         documents = random_documents(rng, count)
     write_megatron_shard(shard, documents)
-    # make the mtime move even on filesystems with coarse timestamps
-    later = stat.st_mtime_ns + 10**9
+    # make the mtime move even on filesystems with coarse timestamps, past every file written
+    # so far (the cache entry's description included)
+    later = max(stat.st_mtime_ns, time.time_ns()) + 10**9
     for suffix in (".bin", ".idx"):
         os.utime(shard + suffix, ns=(later, later))
 

@@ -16,6 +16,7 @@ atheris; commands and results are in ``docs/reliability.md``.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import io
 import itertools
 import json
@@ -347,15 +348,24 @@ def data_fingerprint_sidecar(data: bytes) -> bool:
 
 
 def mixture_config(data: bytes) -> bool:
-    """Parse a fuzzed mixture config (JSON text)."""
+    """`MixtureConfig.from_file` on a fuzzed `.toml` or `.yaml`, then a dict round trip."""
     from tokenmill.datasets import mixture_config as module  # type: ignore[attr-defined]
 
-    parse: Callable[[str], Any] = module.parse_mixture_config
+    selector, body = _split(data)
+    path = _fresh((".toml", ".yaml")[selector & 1], body, "mixture")
     try:
-        parse(data.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError):
+        config = module.MixtureConfig.from_file(path)
+    except module.MixtureConfigError:
         return False
+    module.MixtureConfig.from_dict(config.to_dict())
     return True
+
+
+def _has_mixture_configs() -> bool:
+    try:
+        return importlib.util.find_spec("tokenmill.datasets.mixture_config") is not None
+    except ImportError:
+        return False
 
 
 # -- registry ------------------------------------------------------------------------------------
@@ -370,6 +380,8 @@ HARNESSES: dict[str, Callable[[bytes], bool]] = {
     "tokenizer_fingerprint": tokenizer_fingerprint,
     "data_fingerprint": data_fingerprint_sidecar,
 }
+if _has_mixture_configs():  # the mixture config parser lands with the mixtures branch
+    HARNESSES["mixture_config"] = mixture_config
 
 ALLOWED: dict[str, tuple[type[BaseException], ...]] = {
     "megatron_idx": (DataFormatError, IndexError),
@@ -379,6 +391,7 @@ ALLOWED: dict[str, tuple[type[BaseException], ...]] = {
     "cache_entry": (CacheError, IndexError, DataFormatError),
     "tokenizer_fingerprint": (DataFormatError,),
     "data_fingerprint": (DataFormatError,),
+    "mixture_config": (ValueError,),  # MixtureConfigError (a TokenmillError and ValueError)
 }
 """The exception types each parser documents (what a harness swallows)."""
 
@@ -465,7 +478,15 @@ def _fingerprint_seeds() -> list[bytes]:
 
 
 def _mixture_seeds() -> list[bytes]:
-    return [b"{}"]
+    toml = (
+        b"seed = 3\nchunk_tokens = 8\n[sources.s0]\npaths = ['s0']\n[sources]\ns1 = 's1'\n"
+        b"[[phases]]\nname = 'a'\ntokens = 1_000\nweights = { s0 = 1, s1 = 0.5 }\n"
+    )
+    yaml = (
+        b"seed: 3\nchunk_tokens: 8\nsources:\n  s0: {paths: [s0]}\n  s1: s1\nphases:\n"
+        b"- {name: a, tokens: 1000, weights: {s0: 1, s1: 0.5}}\n"
+    )
+    return [b"\x00" + toml, b"\x01" + yaml]
 
 
 def seeds(name: str) -> list[bytes]:

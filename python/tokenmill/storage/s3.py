@@ -605,9 +605,7 @@ class S3Client:
     def delete(self, url: str | S3Url) -> None:
         """Delete an object (no error if it is already gone)."""
         parsed = _as_url(url).require_key()
-        self.call(
-            "DELETE", parsed, lambda c: c.delete_object(Bucket=parsed.bucket, Key=parsed.key)
-        )
+        self.call("DELETE", parsed, lambda c: c.delete_object(Bucket=parsed.bucket, Key=parsed.key))
 
 
 def _list_page(client: Any, arguments: dict[str, Any]) -> dict[str, Any]:
