@@ -611,6 +611,9 @@ def test_config_errors_name_the_field_and_value(tmp_path: Path) -> None:
     (tmp_path / "bad.toml").write_text("seed = = 1")
     with pytest.raises(MixtureConfigError, match=r"bad.toml: not valid TOML"):
         MixtureConfig.from_file(tmp_path / "bad.toml")
+    (tmp_path / "latin1.toml").write_bytes(b"seed = 1 # caf\xe9\n")
+    with pytest.raises(MixtureConfigError, match=r"latin1.toml: not UTF-8 text \(byte 14"):
+        MixtureConfig.from_file(tmp_path / "latin1.toml")
     with pytest.raises(FileNotFoundError):
         Mixture({**base, "sources": {"web": str(tmp_path / "nothing")}})
     pytest.importorskip("yaml")

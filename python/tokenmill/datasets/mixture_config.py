@@ -320,7 +320,12 @@ class MixtureConfig:
         """
         name = os.fspath(path)
         suffix = Path(name).suffix.lower()
-        text = Path(name).read_text(encoding="utf-8")
+        try:
+            text = Path(name).read_text(encoding="utf-8")
+        except UnicodeDecodeError as error:
+            raise MixtureConfigError(
+                f"{name}: not UTF-8 text (byte {error.start}: {error.reason})"
+            ) from None
         data: Any
         if suffix == ".toml":
             if sys.version_info >= (3, 11):
