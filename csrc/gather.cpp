@@ -1,14 +1,13 @@
 #include "gather.hpp"
 
 #include "common.hpp"
+#include "parallel.hpp"
 
 #include <algorithm>
-#include <exception>
 #include <limits>
 #include <memory>
 #include <stdexcept>
 #include <string>
-#include <thread>
 #include <type_traits>
 #include <vector>
 
@@ -302,6 +301,8 @@ void gather_range(std::span<const int64_t> bounds, std::span<const int32_t> docu
 
 }  // namespace
 
+constexpr size_t kPartsPerThread = 8;
+
 // Samples write disjoint rows, so a batch splits into contiguous ranges of samples, one per
 // thread: a large batch is bound by the bandwidth one core can write, and two cores write more.
 template <typename TokenT, typename OutT>
@@ -316,24 +317,15 @@ void gather_samples(std::span<const int64_t> bounds, std::span<const int32_t> do
                  count);
     return;
   }
-  // A corrupt index throws inside a thread: the first error is rethrown here after the join.
-  std::vector<std::exception_ptr> errors(threads);
-  auto work = [&](size_t part) {
-    try {
-      gather_range(bounds, document_index, pointers, lengths, tokens, rows, options, outputs,
-                   count * part / threads, count * (part + 1) / threads);
-    } catch (...) {
-      errors[part] = std::current_exception();
-    }
-  };
-  std::vector<std::thread> helpers;
-  helpers.reserve(threads - 1);
-  for (size_t part = 1; part < threads; ++part) helpers.emplace_back(work, part);
-  work(0);
-  for (std::thread& helper : helpers) helper.join();
-  for (const std::exception_ptr& error : errors) {
-    if (error) std::rethrow_exception(error);
-  }
+  // Small parts (a few samples), taken in turn by the caller and the helpers: a helper that
+  // wakes late (tens of microseconds on a VM) still takes what is left instead of leaving the
+  // caller waiting for its fixed half. A corrupt index throws inside a part: run_parts rethrows
+  // the first error here.
+  const size_t parts = std::min(count, kPartsPerThread * threads);
+  run_parts(parts, [&](size_t part) {
+    gather_range(bounds, document_index, pointers, lengths, tokens, rows, options, outputs,
+                 count * part / parts, count * (part + 1) / parts);
+  });
 }
 
 #define TOKENMILL_RESOLVE(S, R)                                                              \

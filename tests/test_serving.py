@@ -394,3 +394,33 @@ def test_blended_batch_equals_stacked_samples(tmp_path: Path) -> None:
     ]
     slow = BlendedDataset(slow_members, [0.5, 0.3, 0.2], 60, slow_members[0].config)
     assert_same(slow.get_batch(indices), expected, "python blend")
+
+
+def _gather_in_child(dataset: GPTDataset, indices: list[int], queue: Any) -> None:
+    # A forked child of a process whose gather helpers are running has no helpers: it must
+    # gather on its own thread instead of waiting for them.
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(gpt_module, "_PARALLEL_GATHER_BYTES", 0)
+        patch.setattr(gpt_module, "_GATHER_THREADS", 2)
+        queue.put(dataset.get_batch(indices)["tokens"].numpy().copy())
+
+
+# Python 3.12+ warns about fork() in a multi-threaded process: forking one is the point here.
+@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning")
+def test_threaded_gather_after_fork(tmp_path: Path, shard: str) -> None:
+    import multiprocessing
+
+    dataset = build(shard, tmp_path, {name: False for name in FLAGS}, 16)
+    indices = list(range(min(len(dataset), 12)))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(gpt_module, "_PARALLEL_GATHER_BYTES", 0)
+        patch.setattr(gpt_module, "_GATHER_THREADS", 2)
+        expected = dataset.get_batch(indices)["tokens"].numpy().copy()  # helpers now running
+    context = multiprocessing.get_context("fork")
+    queue = context.Queue()
+    child = context.Process(target=_gather_in_child, args=(dataset, indices, queue))
+    child.start()
+    got = queue.get(timeout=60)
+    child.join(timeout=60)
+    assert child.exitcode == 0
+    np.testing.assert_array_equal(got, expected)

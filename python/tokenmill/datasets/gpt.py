@@ -73,10 +73,10 @@ _ARRAY_NAMES = ("document_index", "sample_index", "shuffle_index")
 _TRANSIENT = ("_server",)
 _UNSET: Any = object()
 _SERVER_LOCK = threading.Lock()
-# A batch whose outputs reach this size is gathered by two threads: one core writes ~20 GB/s
-# here, below what the memory takes (measured at S=8192: 1.8 MiB batches gain nothing from a
-# second thread, 7 MiB ones do). DataLoader worker processes always use one.
-_PARALLEL_GATHER_BYTES = 4 << 20
+# A batch whose outputs reach this size is gathered by two threads (persistent helpers in C++,
+# csrc/parallel.cpp): one core writes ~18-20 GB/s here, two ~26-28 GB/s (measured: S=8192, 1.8 and
+# 7 MiB batches, 1.4-1.6x). DataLoader worker processes always use one.
+_PARALLEL_GATHER_BYTES = 1 << 20
 _GATHER_THREADS = max(1, min(2, os.cpu_count() or 1))
 
 _ATTENTION_MASK_WARNING = (
