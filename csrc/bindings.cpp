@@ -40,9 +40,9 @@ bool has_dtype(const py::array& array) {
   return actual.is(expected) || actual.equal(expected);
 }
 
-// A C-contiguous view of `array` as T, or TypeError naming the argument.
+// TypeError naming the argument unless `array` is C-contiguous with dtype T.
 template <typename T>
-std::span<const T> input_span(const py::array& array, const char* name) {
+void check_input(const py::array& array, const char* name) {
   if (!has_dtype<T>(array)) {
     throw py::type_error(std::string(name) + " must have dtype " +
                          py::str(py::dtype::of<T>()).cast<std::string>() + ", got " +
@@ -51,6 +51,12 @@ std::span<const T> input_span(const py::array& array, const char* name) {
   if (!(array.flags() & py::array::c_style)) {
     throw py::type_error(std::string(name) + " must be C-contiguous");
   }
+}
+
+// A C-contiguous view of `array` as T, or TypeError naming the argument.
+template <typename T>
+std::span<const T> input_span(const py::array& array, const char* name) {
+  check_input<T>(array, name);
   return {static_cast<const T*>(array.data()), static_cast<size_t>(array.size())};
 }
 
@@ -58,14 +64,7 @@ std::span<const T> input_span(const py::array& array, const char* name) {
 // sit at any byte offset.
 template <typename T>
 tokenmill::UnalignedSpan<T> input_unaligned(const py::array& array, const char* name) {
-  if (!has_dtype<T>(array)) {
-    throw py::type_error(std::string(name) + " must have dtype " +
-                         py::str(py::dtype::of<T>()).cast<std::string>() + ", got " +
-                         dtype_name(array));
-  }
-  if (!(array.flags() & py::array::c_style)) {
-    throw py::type_error(std::string(name) + " must be C-contiguous");
-  }
+  check_input<T>(array, name);
   return {array.data(), static_cast<size_t>(array.size())};
 }
 

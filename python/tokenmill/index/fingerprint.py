@@ -40,6 +40,7 @@ from typing import Any
 
 from tokenmill.errors import DataFormatError
 from tokenmill.formats._atomic import AtomicFile
+from tokenmill.formats._sidecar import check_header
 
 __all__ = [
     "DATA_SUFFIXES",
@@ -157,14 +158,7 @@ def read_fingerprint(path: str | os.PathLike[str]) -> dict[str, Any] | None:
 
 
 def _validate(payload: Any, path: str) -> None:
-    if not isinstance(payload, dict) or payload.get("format") != FORMAT:
-        found = payload.get("format") if isinstance(payload, dict) else type(payload).__name__
-        raise DataFormatError(f"{path}: format is {found!r}, expected {FORMAT!r}")
-    if payload.get("version") != VERSION:
-        raise DataFormatError(
-            f"{path}: unsupported fingerprint version {payload.get('version')!r}, "
-            f"expected {VERSION}"
-        )
+    check_header(payload, path, FORMAT, VERSION, "fingerprint", DataFormatError)
     datasets = payload.get("datasets")
     if not isinstance(datasets, dict):
         raise DataFormatError(f"{path}: 'datasets' must be an object, got {datasets!r:.80}")

@@ -26,6 +26,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from tokenmill.formats._sidecar import check_header
+
 __all__ = [
     "FORMAT",
     "VERSION",
@@ -127,14 +129,7 @@ class Manifest:
             payload = json.loads(text)
         except (ValueError, UnicodeDecodeError) as error:
             raise ValueError(f"{where}: manifest is not valid JSON: {error}") from None
-        if not isinstance(payload, dict) or payload.get("format") != FORMAT:
-            found = payload.get("format") if isinstance(payload, dict) else type(payload).__name__
-            raise ValueError(f"{where}: format is {found!r}, expected {FORMAT!r}")
-        if payload.get("version") != VERSION:
-            raise ValueError(
-                f"{where}: unsupported manifest version {payload.get('version')!r}, "
-                f"expected {VERSION}"
-            )
+        payload = check_header(payload, where, FORMAT, VERSION, "manifest", ValueError)
         entries = payload.get("objects")
         if not isinstance(entries, list):
             raise ValueError(f"{where}: 'objects' must be a list, got {entries!r:.80}")

@@ -24,6 +24,7 @@ from typing import Any
 
 from tokenmill.errors import DataFormatError, TokenizerMismatchError
 from tokenmill.formats._atomic import AtomicFile
+from tokenmill.formats._sidecar import check_header
 from tokenmill.tokenize.tokenizers import Tokenizer
 
 __all__ = [
@@ -88,13 +89,7 @@ def read_sidecar(prefix: str) -> dict[str, Any]:
         ) from None
     except ValueError as error:
         raise DataFormatError(f"{path}: not valid JSON: {error}") from error
-    if not isinstance(payload, dict) or payload.get("format") != FORMAT:
-        found = payload.get("format") if isinstance(payload, dict) else type(payload).__name__
-        raise DataFormatError(f"{path}: format is {found!r}, expected {FORMAT!r}")
-    if payload.get("version") != VERSION:
-        raise DataFormatError(
-            f"{path}: unsupported sidecar version {payload.get('version')!r}, expected {VERSION}"
-        )
+    payload = check_header(payload, path, FORMAT, VERSION, "sidecar", DataFormatError)
     tokenizer = payload.get("tokenizer")
     if not isinstance(tokenizer, dict) or any(field not in tokenizer for field in _FIELDS):
         raise DataFormatError(f"{path}: 'tokenizer' must hold {list(_FIELDS)}, got {tokenizer!r}")
