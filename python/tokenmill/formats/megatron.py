@@ -482,13 +482,7 @@ class IndexedDataset:
         descriptor = _open_bin(bin_path)
         try:
             self._bin_size = os.fstat(descriptor).st_size
-            expected = self.index.expected_bin_size()
-            if self._bin_size != expected:
-                raise DataFormatError(
-                    f"{bin_path}: data file is {self._bin_size} bytes but its index "
-                    f"{self.index.idx_path} ends at byte {expected} (last pointer + last length × "
-                    f"{self._itemsize}); the files do not belong together or one is truncated"
-                )
+            self._check_bin_size(f"{bin_path}: data file", self.index.idx_path)
             if mmap:
                 if self._bin_size:
                     mapping = mmap_module.mmap(descriptor, 0, access=mmap_module.ACCESS_READ)
@@ -536,14 +530,21 @@ class IndexedDataset:
         bin_path = get_bin_path(prefix)
         reader = S3BinReader(bin_path, config, client)
         self._bin_size = reader.size
+        self._check_bin_size(
+            f"{bin_path}: data object", f"{local_idx} (from {get_idx_path(prefix)})"
+        )
+        self.bin_reader = reader
+
+    def _check_bin_size(self, data: str, index: str) -> None:
+        """DataFormatError unless the `.bin` (`data`, of `self._bin_size` bytes) ends where the
+        `.idx` (`index`) says it does."""
         expected = self.index.expected_bin_size()
         if self._bin_size != expected:
             raise DataFormatError(
-                f"{bin_path}: data object is {self._bin_size} bytes but its index {local_idx} "
-                f"(from {get_idx_path(prefix)}) ends at byte {expected} (last pointer + last "
-                f"length × {self._itemsize}); the files do not belong together or one is truncated"
+                f"{data} is {self._bin_size} bytes but its index {index} ends at byte "
+                f"{expected} (last pointer + last length × {self._itemsize}); the files do not "
+                "belong together or one is truncated"
             )
-        self.bin_reader = reader
 
     def __getstate__(self) -> tuple[Any, ...]:
         """The constructor arguments only (megatron's 7-tuple); the files are re-opened on load."""
