@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -115,3 +116,20 @@ def test_inspect_plot(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Non
         assert code == 2 and "needs matplotlib" in capsys.readouterr().err
     else:
         assert code == 0 and (tmp_path / "h.png").stat().st_size > 0
+
+
+@pytest.mark.parametrize("command", ["inspect", "validate"])
+def test_plot_without_matplotlib(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    command: str,
+) -> None:
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib` raises ImportError
+    target = write_megatron_shard(tmp_path / "m", [[1, 0], [2, 3, 0]])
+    if command == "validate":
+        target = str(tmp_path / "mix.toml")
+    code = main([command, target, "--plot", str(tmp_path / "h.png")])
+    assert code == 2
+    assert f"tokenmill {command}: error: --plot needs matplotlib" in capsys.readouterr().err
+    assert not (tmp_path / "h.png").exists()

@@ -15,6 +15,8 @@ import json
 import sys
 from typing import Any
 
+from tokenmill.cli._plot import matplotlib_missing
+
 FIRST_TOKENS = 16
 PERCENTILES = (0, 50, 90, 99, 100)
 
@@ -176,15 +178,8 @@ def packing_report(lengths: Any, sequence_length: int, bos_aligned: bool) -> dic
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.plot:
-        try:
-            import matplotlib  # noqa: F401
-        except ImportError:
-            print(
-                "tokenmill inspect: error: --plot needs matplotlib (pip install matplotlib)",
-                file=sys.stderr,
-            )
-            return 2
+    if args.plot and matplotlib_missing("inspect"):
+        return 2
     try:
         path = args.path
         if path.startswith("s3://"):

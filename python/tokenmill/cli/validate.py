@@ -20,6 +20,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from tokenmill.cli._plot import matplotlib_missing
+
 __all__ = ["register", "run"]
 
 
@@ -117,15 +119,8 @@ def run(args: argparse.Namespace) -> int:
     from tokenmill.datasets.mixture import Mixture
     from tokenmill.errors import TokenmillError
 
-    if args.plot:
-        try:
-            import matplotlib  # noqa: F401
-        except ImportError:
-            print(
-                "tokenmill validate: error: --plot needs matplotlib (pip install matplotlib)",
-                file=sys.stderr,
-            )
-            return 2
+    if args.plot and matplotlib_missing("validate"):
+        return 2
     try:
         mixture = Mixture(args.config)
         state = None
