@@ -121,9 +121,15 @@ class FaultProxy:
                 upstream = http.client.HTTPConnection("127.0.0.1", proxy.upstream_port, timeout=30)
                 try:
                     headers = {k: v for k, v in self.headers.items() if k.lower() != "connection"}
-                    upstream.request(self.command, self.path, body=body, headers=headers)
-                    response = upstream.getresponse()
-                    payload = response.read()
+                    try:
+                        upstream.request(self.command, self.path, body=body, headers=headers)
+                        response = upstream.getresponse()
+                        payload = response.read()
+                    except OSError:
+                        # The server is down (a planned stop): the client sees a dropped
+                        # connection, as it would from S3, without a traceback in the log.
+                        self.close_connection = True
+                        return
                     try:
                         self.send_response(response.status)
                         dropped = ("transfer-encoding", "connection", "content-length")
