@@ -44,6 +44,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <exception>
 #include <functional>
 #include <limits>
 #include <thread>
@@ -947,13 +948,19 @@ void blend(std::span<const double> weights, std::span<const double> limits,
   std::vector<std::vector<double>> guessed(threads);
   std::vector<std::vector<double>> finals(threads);
   std::vector<size_t> ends(threads);
+  // An exception (std::bad_alloc) must not escape a thread (std::terminate): kept, rethrown here.
+  std::vector<std::exception_ptr> errors(threads);
   auto run_chunk = [&](size_t p) {
-    guessed[p] = p == 0 ? zero
-                 : options.guess_zero ? zero
-                                      : guess_counts(weights, limits, bounds[p]);
-    finals[p] = guessed[p];
-    ends[p] = blend_range(weights, limits, finals[p], bounds[p], ids.first(bounds[p + 1]),
-                          positions, options);
+    try {
+      guessed[p] = p == 0 ? zero
+                   : options.guess_zero ? zero
+                                        : guess_counts(weights, limits, bounds[p]);
+      finals[p] = guessed[p];
+      ends[p] = blend_range(weights, limits, finals[p], bounds[p], ids.first(bounds[p + 1]),
+                            positions, options);
+    } catch (...) {
+      errors[p] = std::current_exception();
+    }
   };
   {
     std::vector<std::thread> workers;
@@ -961,6 +968,9 @@ void blend(std::span<const double> weights, std::span<const double> limits,
     for (size_t p = 1; p < threads; ++p) workers.emplace_back(run_chunk, p);
     run_chunk(0);
     for (std::thread& worker : workers) worker.join();
+  }
+  for (const std::exception_ptr& error : errors) {
+    if (error) std::rethrow_exception(error);
   }
   // Chunk 0 is exact; each later chunk is repaired from the true counts at its start.
   std::vector<double> truth = std::move(finals[0]);
