@@ -313,14 +313,16 @@ GREEDY_CASES = [
 ]
 
 
-@pytest.mark.megatron
-@pytest.mark.parametrize(("n", "size", "kind"), GREEDY_CASES)
-def test_greedy_matches_megatron(n: int, size: int, kind: str) -> None:
-    helpers = megatron_helpers()
-    weights = make_weights(kind, n, np.random.default_rng(n * 7919 + size))
+def assert_greedy_matches_megatron(
+    helpers: ModuleType, weights: npt.NDArray[np.float64], size: int
+) -> None:
+    """tokenmill's greedy blend (the library path, then split over four threads) equals
+    megatron-core's compiled helper."""
     expected_ids = np.empty(size, dtype=np.int16)
     expected_positions = np.empty(size, dtype=np.int64)
-    helpers.build_blending_indices(expected_ids, expected_positions, weights, n, size, False)
+    helpers.build_blending_indices(
+        expected_ids, expected_positions, weights, weights.shape[0], size, False
+    )
     ids, positions = build_blending_indices(weights, size)
     np.testing.assert_array_equal(ids, expected_ids)
     np.testing.assert_array_equal(positions, expected_positions)
@@ -328,6 +330,14 @@ def test_greedy_matches_megatron(n: int, size: int, kind: str) -> None:
     ids, positions = blend_with(weights, size, threads=4)
     np.testing.assert_array_equal(ids, expected_ids)
     np.testing.assert_array_equal(positions, expected_positions)
+
+
+@pytest.mark.megatron
+@pytest.mark.parametrize(("n", "size", "kind"), GREEDY_CASES)
+def test_greedy_matches_megatron(n: int, size: int, kind: str) -> None:
+    helpers = megatron_helpers()
+    weights = make_weights(kind, n, np.random.default_rng(n * 7919 + size))
+    assert_greedy_matches_megatron(helpers, weights, size)
 
 
 @pytest.mark.megatron
@@ -339,16 +349,7 @@ def test_greedy_matches_megatron_random_shapes(seed: int) -> None:
     size = int(rng.integers(1, 1_000_000 // max(1, n // 50) + 1))
     kind = str(rng.choice(["uniform", "equal", "power-law", "lognormal", "tiny"]))
     weights = make_weights(kind, n, rng)
-    expected_ids = np.empty(size, dtype=np.int16)
-    expected_positions = np.empty(size, dtype=np.int64)
-    helpers.build_blending_indices(expected_ids, expected_positions, weights, n, size, False)
-    ids, positions = build_blending_indices(weights, size)
-    np.testing.assert_array_equal(ids, expected_ids)
-    np.testing.assert_array_equal(positions, expected_positions)
-    # The same split into speculative chunks on four threads.
-    ids, positions = blend_with(weights, size, threads=4)
-    np.testing.assert_array_equal(ids, expected_ids)
-    np.testing.assert_array_equal(positions, expected_positions)
+    assert_greedy_matches_megatron(helpers, weights, size)
 
 
 EXHAUSTIVE_CASES = [(3, 200_000), (60, 200_000), (130, 200_000), (1000, 100_000)]
@@ -670,13 +671,4 @@ def test_block_and_register_kernels_match_megatron(n: int, kind: str) -> None:
     helpers = megatron_helpers()
     weights = make_weights(kind, n, np.random.default_rng(n * 3 + len(kind)))
     size = 400_000
-    expected_ids = np.empty(size, dtype=np.int16)
-    expected_positions = np.empty(size, dtype=np.int64)
-    helpers.build_blending_indices(expected_ids, expected_positions, weights, n, size, False)
-    ids, positions = build_blending_indices(weights, size)
-    np.testing.assert_array_equal(ids, expected_ids)
-    np.testing.assert_array_equal(positions, expected_positions)
-    # The same split into speculative chunks on four threads.
-    ids, positions = blend_with(weights, size, threads=4)
-    np.testing.assert_array_equal(ids, expected_ids)
-    np.testing.assert_array_equal(positions, expected_positions)
+    assert_greedy_matches_megatron(helpers, weights, size)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import itertools
 from collections import deque
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence, Sized
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -78,7 +78,14 @@ class ThreadedBatchLoader:
         self._skip = 0  # batches to skip at the next iteration (a loaded state)
 
     def __len__(self) -> int:
-        count = len(self._indices())
+        # The number of indices, without drawing a shuffle or walking a sized sampler.
+        sampler = self.sampler
+        if sampler is None:
+            count = len(self.dataset)
+        elif isinstance(sampler, Sized):
+            count = len(sampler)
+        else:
+            count = sum(1 for _ in sampler)
         if self.drop_last:
             return count // self.batch_size
         return -(-count // self.batch_size)
