@@ -11,10 +11,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from tokenmill.common.world import World
 from tokenmill.datasets.nanogpt import NanogptDataset
 from tokenmill.errors import DataFormatError
 from tokenmill.formats.nanogpt import write_nanogpt_shard
-from tokenmill.loading.world import World
 
 BOS = 0
 SEQ = 7

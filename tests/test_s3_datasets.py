@@ -14,6 +14,7 @@ import pytest
 pytest.importorskip("boto3")
 torch = pytest.importorskip("torch")
 
+from tokenmill.common.world import World
 from tokenmill.datasets.blended import BlendedDataset
 from tokenmill.datasets.builder import BlendedMegatronDatasetBuilder
 from tokenmill.datasets.gpt import GPTDataset, GPTDatasetConfig
@@ -22,7 +23,6 @@ from tokenmill.datasets.utils import Split
 from tokenmill.errors import DataFormatError, TokenizerMismatchError
 from tokenmill.formats.megatron import IndexedDataset
 from tokenmill.formats.nanogpt import write_nanogpt_shard
-from tokenmill.loading.world import World
 from tokenmill.storage.object_storage import ObjectStorageConfig
 
 from conftest import S3Bucket, TinyTokenizer, random_documents, write_megatron_shard

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tokenmill.index.token_scan import count_token, find_token_positions
+from tokenmill.formats.token_scan import count_token, find_token_positions
 
 hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import given

@@ -40,8 +40,8 @@ _EXPORTS: dict[str, str] = {
     "read_bos_index": "tokenmill.formats.bos_index",
     "write_bos_index": "tokenmill.formats.bos_index",
     "open_token_file": "tokenmill.formats.token_dir",
-    "find_token_positions": "tokenmill.index.token_scan",
-    "World": "tokenmill.loading.world",
+    "find_token_positions": "tokenmill.formats.token_scan",
+    "World": "tokenmill.common.world",
     "ThreadedBatchLoader": "tokenmill.loading.threaded",
     "make_data_loader": "tokenmill.loading.batch",
     "collate": "tokenmill.loading.batch",
@@ -129,6 +129,7 @@ __all__ = [  # noqa: RUF022 - grouped like _EXPORTS
 ]
 
 if TYPE_CHECKING:
+    from tokenmill.common.world import World
     from tokenmill.datasets.blended import BlendedDataset
     from tokenmill.datasets.builder import BlendedMegatronDatasetBuilder
     from tokenmill.datasets.cache_build import build_cache, check_cache
@@ -165,12 +166,11 @@ if TYPE_CHECKING:
     from tokenmill.formats.megatron import DType, IndexedDataset, IndexedDatasetBuilder
     from tokenmill.formats.nanogpt import NanogptShard, NanogptShardWriter, write_nanogpt_shard
     from tokenmill.formats.token_dir import open_token_file
+    from tokenmill.formats.token_scan import find_token_positions
     from tokenmill.index.mixture_plan import SourceExhaustedError
-    from tokenmill.index.token_scan import find_token_positions
     from tokenmill.loading.batch import collate, make_data_loader
     from tokenmill.loading.mixture import MixtureDataset, MixtureLoader
     from tokenmill.loading.threaded import ThreadedBatchLoader
-    from tokenmill.loading.world import World
     from tokenmill.storage.manifest import Manifest
     from tokenmill.storage.object_storage import ObjectStorageConfig
     from tokenmill.storage.transfer import download, publish, start_download

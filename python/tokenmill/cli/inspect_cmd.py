@@ -58,7 +58,7 @@ def inspect_path(
 
     from tokenmill.errors import DataFormatError
     from tokenmill.formats.sources import document_lengths, open_source
-    from tokenmill.index.token_scan import count_token
+    from tokenmill.formats.token_scan import count_token
 
     report: dict[str, Any] = {"path": path}
     checks: list[dict[str, Any]] = []

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
+from tokenmill.common.distributed import is_cache_builder
 from tokenmill.datasets.config import BlendedMegatronDatasetConfig
 from tokenmill.datasets.megatron_dataset import describe
 from tokenmill.datasets.utils import normalize
@@ -41,7 +42,6 @@ from tokenmill.index.blending import (
 )
 from tokenmill.index.cache import ArraySpec, IndexCache
 from tokenmill.loading.batch import SampleBatch, stack_samples
-from tokenmill.loading.distributed import is_cache_builder
 
 if TYPE_CHECKING:
     import torch

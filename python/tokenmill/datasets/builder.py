@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from tokenmill.common import distributed
 from tokenmill.datasets.blended import BlendedDataset
 from tokenmill.datasets.config import BlendedMegatronDatasetConfig, GPTDatasetConfig
 from tokenmill.datasets.utils import (
@@ -32,7 +33,6 @@ from tokenmill.datasets.utils import (
     normalize,
     split_bounds,
 )
-from tokenmill.loading import distributed
 
 __all__ = ["BlendedMegatronDatasetBuilder"]
 

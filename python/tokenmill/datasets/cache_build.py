@@ -221,10 +221,10 @@ class _ProgressLine:
 
 
 def _walk(run: RunConfig, sizes: list[int | None], session: CacheSession) -> CacheReport:
+    from tokenmill.common import distributed
     from tokenmill.datasets.blended import BlendedDataset
     from tokenmill.datasets.builder import BlendedMegatronDatasetBuilder
     from tokenmill.datasets.gpt import GPTDataset
-    from tokenmill.loading import distributed
 
     if distributed.is_initialized():
         raise RuntimeError(
@@ -371,7 +371,7 @@ def build_cache(
     payload = _record(run, resolved, report)
     text = json.dumps(payload, indent=1, sort_keys=True) + "\n"
     if not os.path.exists(record) or Path(record).read_text(encoding="utf-8") != text:
-        from tokenmill.index.cache import atomic_write_text
+        from tokenmill.common.atomic import atomic_write_text
 
         atomic_write_text(Path(record), text)
         written += len(text.encode("utf-8"))

@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
+from tokenmill.common.distributed import is_cache_builder
 from tokenmill.datasets.config import GPTDatasetConfig
 from tokenmill.datasets.megatron_dataset import MegatronDataset
 from tokenmill.datasets.utils import Split
@@ -58,7 +59,6 @@ from tokenmill.index.gpt_index import (
     plan_gpt_indices,
 )
 from tokenmill.loading.batch import SampleBatch, stack_samples
-from tokenmill.loading.distributed import is_cache_builder
 
 if TYPE_CHECKING:
     import torch

@@ -8,7 +8,7 @@ window starts at the next BOS token at or after the current position (from the s
 ``.bos.idx`` by binary search, or from a C++ scan of the shard when there is none).
 
 Who reads what (the *plan*, a pure function of the files, ``seed``, epoch and the number of
-readers; see :class:`~tokenmill.loading.world.World`). With T readers (ranks x DataLoader
+readers; see :class:`~tokenmill.common.world.World`). With T readers (ranks x DataLoader
 workers) and n files in epoch order (sorted, or a permutation drawn from ``seed`` and the epoch,
 identical on every rank):
 
@@ -48,6 +48,7 @@ import numpy as np
 import numpy.typing as npt
 from torch.utils.data import IterableDataset
 
+from tokenmill.common.world import World
 from tokenmill.errors import DataFormatError
 from tokenmill.formats.bos_index import (
     BOS_INDEX_SUFFIX,
@@ -62,7 +63,6 @@ from tokenmill.formats.nanogpt import (
     parse_nanogpt_header,
     read_nanogpt_header,
 )
-from tokenmill.loading.world import World
 from tokenmill.storage.object_storage import ObjectStorageConfig
 from tokenmill.storage.s3 import client_for, is_s3_url
 
@@ -226,7 +226,7 @@ class NanogptDataset(IterableDataset):  # type: ignore[misc]
         # no sidecar: the scan needs every token, so fetch the shard once and map it
         shard = NanogptShard(cache_object(path, config.path_to_idx_cache, client))
         self._shards[file] = shard
-        from tokenmill.index.token_scan import find_token_positions
+        from tokenmill.formats.token_scan import find_token_positions
 
         return find_token_positions(shard.tokens, self.bos_token, self.scan_threads)
 
@@ -242,7 +242,7 @@ class NanogptDataset(IterableDataset):  # type: ignore[misc]
                 positions = read_bos_index(sidecar, len(shard)).positions
                 check_bos_positions(sidecar, shard.tokens, positions, self.bos_token)
             else:
-                from tokenmill.index.token_scan import find_token_positions
+                from tokenmill.formats.token_scan import find_token_positions
 
                 positions = find_token_positions(shard.tokens, self.bos_token, self.scan_threads)
             self._bos[file] = positions

@@ -38,11 +38,11 @@ import numpy as np
 import numpy.typing as npt
 
 from tokenmill import _core
+from tokenmill.common import distributed
+from tokenmill.common.threads import default_build_threads
 from tokenmill.errors import DataFormatError
 from tokenmill.index.cache import ArraySpec, IndexCache
-from tokenmill.index.gpt_index import default_threads
 from tokenmill.index.packing import INSERTED_BOS, plan_packing
-from tokenmill.loading import distributed
 
 if TYPE_CHECKING:
     import torch
@@ -211,7 +211,7 @@ class PackedDataset:
             max_documents_per_row=config.max_documents_per_row,
             bos_aligned=config.bos_aligned,
             window=config.planning_window,
-            num_threads=config.num_threads or default_threads(),
+            num_threads=config.num_threads or default_build_threads(),
         )
         entries = plan.entries
         entries[:, 0] = self.indices[order[entries[:, 0]]]  # positions -> document ids

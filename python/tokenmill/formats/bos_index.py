@@ -36,8 +36,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from tokenmill.common.atomic import AtomicFile
 from tokenmill.errors import DataFormatError
-from tokenmill.formats._atomic import AtomicFile
 
 __all__ = [
     "BOS_INDEX_SUFFIX",

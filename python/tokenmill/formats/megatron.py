@@ -50,8 +50,8 @@ from typing import Any
 import numpy
 import numpy.typing as npt
 
+from tokenmill.common.atomic import default_file_mode
 from tokenmill.errors import DataFormatError
-from tokenmill.formats._atomic import default_file_mode
 
 __all__ = [
     "INDEX_HEADER",

@@ -35,8 +35,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from tokenmill.common.atomic import AtomicFile, AtomicWriter
 from tokenmill.errors import DataFormatError
-from tokenmill.formats._atomic import AtomicFile, AtomicWriter
 
 __all__ = [
     "HEADER_BYTES",
@@ -296,7 +296,7 @@ class NanogptShardWriter(AtomicWriter):
                 f"count); split the data into several shards"
             )
         if self.bos_token is not None:
-            from tokenmill.index.token_scan import find_token_positions
+            from tokenmill.formats.token_scan import find_token_positions
 
             positions = find_token_positions(array, self.bos_token) + self.token_count
             self._bos.append(positions)

@@ -160,7 +160,7 @@ def document_lengths(
     document ends after each EOS, a tail without one is a document), then the shard's
     ``.bos.idx``.
     """
-    from tokenmill.index.token_scan import find_token_positions
+    from tokenmill.formats.token_scan import find_token_positions
 
     count = int(shard.tokens.shape[0])
     if shard.document_lengths is not None:

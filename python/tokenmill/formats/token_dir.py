@@ -28,8 +28,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from tokenmill.common.atomic import AtomicFile, AtomicWriter
 from tokenmill.errors import DataFormatError
-from tokenmill.formats._atomic import AtomicFile, AtomicWriter
 
 __all__ = [
     "RAW_METADATA_NAME",

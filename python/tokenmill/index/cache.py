@@ -42,8 +42,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from tokenmill.common.atomic import AtomicFile, atomic_write_text
 from tokenmill.errors import CacheError, DataFormatError, StaleCacheError
-from tokenmill.formats._atomic import AtomicFile
 from tokenmill.formats.npy import load_npy
 from tokenmill.index import fingerprint as data_fingerprint
 from tokenmill.storage.remote_cache import is_remote_cache
@@ -56,7 +56,6 @@ __all__ = [
     "CacheSession",
     "IndexCache",
     "atomic_save_npy",
-    "atomic_write_text",
     "cache_session",
 ]
 
@@ -78,16 +77,6 @@ class ArraySpec:
         if self.shape is not None and tuple(array.shape) != self.shape:
             return f"shape {tuple(array.shape)} (expected {self.shape})"
         return None
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write `text` to `path` through a temporary file and a rename."""
-    target = AtomicFile(path)
-    try:
-        target.stream.write(text.encode("utf-8"))
-        target.commit()
-    finally:
-        target.abort()  # no-op after commit
 
 
 def atomic_save_npy(path: Path, array: npt.NDArray[Any]) -> None:

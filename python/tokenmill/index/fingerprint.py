@@ -38,9 +38,9 @@ import os
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from tokenmill.common.atomic import AtomicFile
+from tokenmill.common.sidecar import check_header
 from tokenmill.errors import DataFormatError
-from tokenmill.formats._atomic import AtomicFile
-from tokenmill.formats._sidecar import check_header
 
 __all__ = [
     "DATA_SUFFIXES",

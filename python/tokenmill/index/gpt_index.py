@@ -21,28 +21,19 @@ Megatron facts reproduced here:
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
 
 from tokenmill import _core
+from tokenmill.common.threads import default_build_threads
 
 __all__ = ["GptIndexPlan", "build_gpt_indices", "num_tokens_per_epoch", "plan_gpt_indices"]
 
 _INT32_MAX = np.iinfo(np.int32).max
 _UINT32_MAX = np.iinfo(np.uint32).max
 _SEPARATE_FINAL_EPOCH_THRESHOLD = 0.80
-
-
-def default_threads() -> int:
-    """Threads for index builds: the CPUs this process may use, at most 4."""
-    try:
-        available = len(os.sched_getaffinity(0))
-    except AttributeError:  # pragma: no cover - not Linux
-        available = os.cpu_count() or 1
-    return max(1, min(4, available))
 
 
 def as_document_ids(indices: npt.ArrayLike, name: str = "indexed_indices") -> npt.NDArray[np.int32]:
@@ -212,6 +203,6 @@ def build_gpt_indices(
         document_index,
         sample_index,
         shuffle_index,
-        num_threads if num_threads is not None else default_threads(),
+        num_threads if num_threads is not None else default_build_threads(),
     )
     return document_index, sample_index, shuffle_index

@@ -35,10 +35,10 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
+from tokenmill.common import distributed
+from tokenmill.common.world import World
 from tokenmill.datasets.mixture import Mixture
 from tokenmill.index.mixture_plan import SourceExhaustedError, iter_pieces
-from tokenmill.loading import distributed
-from tokenmill.loading.world import World
 
 __all__ = ["MixtureDataset", "MixtureLoader"]
 

@@ -25,7 +25,7 @@ import json
 import os
 from collections.abc import Iterator
 
-from tokenmill.formats._atomic import AtomicFile
+from tokenmill.common.atomic import AtomicFile
 from tokenmill.storage.object_storage import local_cache_path
 from tokenmill.storage.s3 import ObjectInfo, S3Client, get_client
 

@@ -26,7 +26,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from tokenmill.formats._sidecar import check_header
+from tokenmill.common.sidecar import check_header
 
 __all__ = [
     "FORMAT",

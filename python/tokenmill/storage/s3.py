@@ -500,7 +500,7 @@ class S3Client:
             DataFormatError: fewer bytes arrived than HEAD announced.
             ObjectStorageError: the retry budget was spent.
         """
-        from tokenmill.formats._atomic import AtomicFile
+        from tokenmill.common.atomic import AtomicFile
 
         parsed = _as_url(url).require_key()
         info = self.stat(parsed)

@@ -393,7 +393,7 @@ def _s3_upload(
 
 
 def _local_copy(path: str, target: str) -> None:
-    from tokenmill.formats._atomic import AtomicFile
+    from tokenmill.common.atomic import AtomicFile
 
     os.makedirs(os.path.dirname(target) or ".", exist_ok=True)
     output = AtomicFile(target)
@@ -500,7 +500,7 @@ def publish(
             ),
         )
     else:
-        from tokenmill.index.cache import atomic_write_text
+        from tokenmill.common.atomic import atomic_write_text
 
         os.makedirs(destination, exist_ok=True)
         atomic_write_text(Path(report.manifest_location), text.decode("utf-8"))
@@ -553,7 +553,7 @@ class _State:
         return entry == [status.st_size, status.st_mtime_ns, digest]
 
     def record(self, key: str, path: str, digest: str | None) -> None:
-        from tokenmill.index.cache import atomic_write_text
+        from tokenmill.common.atomic import atomic_write_text
 
         status = os.stat(path)
         with self.lock:

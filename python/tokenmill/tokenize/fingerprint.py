@@ -22,9 +22,9 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from tokenmill.common.atomic import AtomicFile
+from tokenmill.common.sidecar import check_header
 from tokenmill.errors import DataFormatError, TokenizerMismatchError
-from tokenmill.formats._atomic import AtomicFile
-from tokenmill.formats._sidecar import check_header
 from tokenmill.tokenize.tokenizers import Tokenizer
 
 __all__ = [

@@ -90,7 +90,7 @@ class World:
             ``torch.utils.data.get_worker_info()`` (or ``base``, or 0 of 1).
         """
         if base is None:
-            from tokenmill.loading import distributed
+            from tokenmill.common import distributed
 
             rank, world_size = distributed.get_rank(), distributed.get_world_size()
             base = cls(rank=rank, world_size=world_size)

@@ -9,28 +9,23 @@ token per thread on a memory-mapped shard that is already in the page cache.
 
 A token id the dtype cannot hold (negative for an unsigned dtype, too large) matches nothing,
 exactly as numpy's comparison with a Python int does.
+
+The scan lives with the formats because formats need it: a modded-nanogpt shard's documents are
+where its BOS tokens are (`formats.nanogpt`, `formats.bos_index`), and `formats.sources` finds
+document lengths of any token source with it.
 """
 
 from __future__ import annotations
 
 import operator
-import os
 
 import numpy as np
 import numpy.typing as npt
 
 from tokenmill import _core
+from tokenmill.common.threads import default_scan_threads
 
-__all__ = ["count_token", "default_scan_threads", "find_token_positions"]
-
-
-def default_scan_threads() -> int:
-    """Threads used when none are given: the CPUs this process may run on, at most 8."""
-    try:
-        available = len(os.sched_getaffinity(0))
-    except AttributeError:  # pragma: no cover - not Linux
-        available = os.cpu_count() or 1
-    return max(1, min(8, available))
+__all__ = ["count_token", "find_token_positions"]
 
 
 def _as_tokens(tokens: npt.ArrayLike) -> npt.NDArray[np.integer]:
@@ -53,7 +48,7 @@ def find_token_positions(
         tokens: a 1-D integer array (a memory-mapped shard is scanned in place; a non-contiguous
             view is copied first).
         token: the token id.
-        num_threads: scan threads; None uses :func:`default_scan_threads`.
+        num_threads: scan threads; None uses :func:`tokenmill.common.threads.default_scan_threads`.
 
     Returns:
         The ascending int64 positions.
@@ -72,7 +67,7 @@ def count_token(tokens: npt.ArrayLike, token: int, num_threads: int | None = Non
     Args:
         tokens: a 1-D integer array.
         token: the token id.
-        num_threads: scan threads; None uses :func:`default_scan_threads`.
+        num_threads: scan threads; None uses :func:`tokenmill.common.threads.default_scan_threads`.
 
     Returns:
         The count.

@@ -1,5 +1,6 @@
-"""Atomic file writing shared by the format writers: a hidden temporary file beside the target,
-renamed into place on success and removed on failure, so a reader never sees a partial file."""
+"""Atomic file writing shared by every layer (format writers, caches, manifests, sidecars): a
+hidden temporary file beside the target, renamed into place on success and removed on failure, so
+a reader never sees a partial file."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import os
 import tempfile
 from typing import BinaryIO, TypeVar
 
-__all__ = ["AtomicFile", "AtomicWriter", "default_file_mode"]
+__all__ = ["AtomicFile", "AtomicWriter", "atomic_write_text", "default_file_mode"]
 
 
 def default_file_mode() -> int:
@@ -90,3 +91,13 @@ class AtomicWriter:
             self.finalize()
         else:
             self.abort()
+
+
+def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
+    """Write `text` (UTF-8) to `path` through a temporary file and a rename."""
+    target = AtomicFile(path)
+    try:
+        target.stream.write(text.encode("utf-8"))
+        target.commit()
+    finally:
+        target.abort()  # no-op after commit
