@@ -263,7 +263,7 @@ sys.exit(main({argv!r}))
 )
 def test_killed_merge(tmp_path: Path, point: str, suffix: str) -> None:
     from tokenmill.cli.main import main
-    from tokenmill.tokenize.fingerprint import read_sidecar, write_sidecar
+    from tokenmill.formats.dataset_sidecar import read_sidecar, write_sidecar
 
     fingerprint = {"kind": "bytes", "sha256": "a" * 64, "vocab_size": 258, "bos_id": 256}
     fingerprint["eod_id"] = 257

@@ -748,7 +748,7 @@ def test_validate_plot_and_bad_configs(tmp_path: Path, capsys: pytest.CaptureFix
 
 def test_sources_from_different_tokenizers_are_refused(tmp_path: Path) -> None:
     from tokenmill.errors import TokenizerMismatchError
-    from tokenmill.tokenize.fingerprint import write_sidecar
+    from tokenmill.formats.dataset_sidecar import write_sidecar
 
     prefixes, _ = write_sources(tmp_path, [5, 5])
     gpt2 = {"kind": "tiktoken", "sha256": "a" * 64, "vocab_size": 50257, "bos_id": None,

@@ -19,8 +19,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tokenmill.errors import DataFormatError, TokenizerMismatchError
+from tokenmill.formats.dataset_sidecar import check_tokenizer, read_sidecar, sidecar_path
 from tokenmill.formats.megatron import IndexedDataset
-from tokenmill.tokenize.fingerprint import check_tokenizer, read_sidecar, sidecar_path
 from tokenmill.tokenize.merge import find_prefixes, merge_datasets
 from tokenmill.tokenize.pipeline import (
     TokenizeConfig,

@@ -31,10 +31,10 @@ import numpy as np
 
 from tokenmill.errors import CacheError, DataFormatError
 from tokenmill.formats import bos_index, nanogpt, token_dir
+from tokenmill.formats import dataset_sidecar as tokenizer_sidecar
 from tokenmill.formats.megatron import IndexedDataset, _IndexReader
 from tokenmill.index import fingerprint as data_fingerprint
 from tokenmill.index.cache import IndexCache
-from tokenmill.tokenize import fingerprint as tokenizer_sidecar
 
 __all__ = ["ALLOWED", "HARNESSES", "seeds", "set_workdir"]
 
@@ -301,7 +301,7 @@ def _never_build() -> dict[str, Any]:
     raise AssertionError("a non-building rank must not build")
 
 
-# -- tokenizer fingerprint sidecar (tokenize/fingerprint.py) ---------------------------------------
+# -- tokenizer fingerprint sidecar (formats/dataset_sidecar.py) ---------------------------------------
 
 
 _TOKENIZER = {"kind": "bytes", "sha256": "0" * 64, "vocab_size": 258, "bos_id": 256, "eod_id": 257}

@@ -112,8 +112,8 @@ def _demo(directory: Path, args: argparse.Namespace) -> int:
     from tokenmill.datasets.builder import BlendedMegatronDatasetBuilder
     from tokenmill.datasets.gpt import GPTDataset, GPTDatasetConfig
     from tokenmill.errors import TokenizerMismatchError
+    from tokenmill.formats.dataset_sidecar import check_tokenizer
     from tokenmill.formats.megatron import IndexedDataset
-    from tokenmill.tokenize.fingerprint import check_tokenizer
     from tokenmill.tokenize.pipeline import TokenizeConfig, tokenize
     from tokenmill.tokenize.tokenizers import ByteTokenizer, TokenizerSpec, load_tokenizer
 

@@ -170,8 +170,12 @@ class BlendedMegatronDatasetBuilder:
         """
         if self.config.mock:
             return
-        from tokenmill.tokenize.fingerprint import check_compatible, check_tokenizer, sidecar_path
-        from tokenmill.tokenize.tokenizers import Tokenizer
+        from tokenmill.formats.dataset_sidecar import (
+            FingerprintedTokenizer,
+            check_compatible,
+            check_tokenizer,
+            sidecar_path,
+        )
 
         described = [
             local
@@ -180,7 +184,7 @@ class BlendedMegatronDatasetBuilder:
         ]
         if len(described) >= 2:
             check_compatible(described)
-        if described and isinstance(self.config.tokenizer, Tokenizer):
+        if described and isinstance(self.config.tokenizer, FingerprintedTokenizer):
             check_tokenizer(described[0], self.config.tokenizer)
 
     def _described_prefix(self, prefix: str, sidecar_path: Any) -> str | None:

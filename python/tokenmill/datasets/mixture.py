@@ -242,7 +242,7 @@ class Mixture:
         Raises:
             TokenizerMismatchError: two sources' shards come from different tokenizers.
         """
-        from tokenmill.tokenize.fingerprint import check_compatible, sidecar_path
+        from tokenmill.formats.dataset_sidecar import check_compatible, sidecar_path
 
         prefixes = [
             corpus.path_prefix

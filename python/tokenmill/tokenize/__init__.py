@@ -25,9 +25,9 @@ _EXPORTS: dict[str, str] = {
     "tokenize": "tokenmill.tokenize.pipeline",
     "window_bounds": "tokenmill.tokenize.pipeline",
     "merge_datasets": "tokenmill.tokenize.merge",
-    "check_tokenizer": "tokenmill.tokenize.fingerprint",
-    "check_compatible": "tokenmill.tokenize.fingerprint",
-    "read_sidecar": "tokenmill.tokenize.fingerprint",
+    "check_tokenizer": "tokenmill.formats.dataset_sidecar",
+    "check_compatible": "tokenmill.formats.dataset_sidecar",
+    "read_sidecar": "tokenmill.formats.dataset_sidecar",
     "ParquetTokenStream": "tokenmill.tokenize.streaming",
     "ParquetTokenLoader": "tokenmill.tokenize.streaming",
 }
@@ -55,7 +55,7 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from tokenmill.tokenize.fingerprint import check_compatible, check_tokenizer, read_sidecar
+    from tokenmill.formats.dataset_sidecar import check_compatible, check_tokenizer, read_sidecar
     from tokenmill.tokenize.merge import merge_datasets
     from tokenmill.tokenize.pipeline import (
         TokenizeConfig,

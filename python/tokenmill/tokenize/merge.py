@@ -25,18 +25,18 @@ from typing import Any
 import numpy
 
 from tokenmill.errors import DataFormatError
-from tokenmill.formats.megatron import (
-    IndexedDataset,
-    IndexedDatasetBuilder,
-    get_bin_path,
-    get_idx_path,
-)
-from tokenmill.tokenize.fingerprint import (
+from tokenmill.formats.dataset_sidecar import (
     SIDECAR_SUFFIX,
     check_compatible,
     read_sidecar,
     sidecar_path,
     write_sidecar,
+)
+from tokenmill.formats.megatron import (
+    IndexedDataset,
+    IndexedDatasetBuilder,
+    get_bin_path,
+    get_idx_path,
 )
 
 __all__ = ["find_prefixes", "merge_datasets"]

@@ -49,8 +49,8 @@ import numpy
 import numpy.typing as npt
 
 from tokenmill.errors import DataFormatError
+from tokenmill.formats.dataset_sidecar import read_sidecar, sidecar_path, write_sidecar
 from tokenmill.formats.megatron import DType, IndexedDatasetBuilder, get_bin_path, get_idx_path
-from tokenmill.tokenize.fingerprint import read_sidecar, sidecar_path, write_sidecar
 from tokenmill.tokenize.progress import Progress
 from tokenmill.tokenize.readers import (
     Chunk,

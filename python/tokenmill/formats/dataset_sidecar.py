@@ -13,6 +13,11 @@ Two datasets may be mixed (merged, blended) only if their ``tokenizer`` objects 
 :func:`check_tokenizer` and :func:`check_compatible` raise
 :class:`~tokenmill.errors.TokenizerMismatchError` naming both sides and the differing field.
 The sidecar is written to a temporary name and renamed, after the ``.bin`` and ``.idx``.
+
+It is a format of its own, read by the data layers (the builder and mixtures refuse to blend
+datasets of different tokenizers) and written by ``tokenmill.tokenize``; it knows a tokenizer
+only through :class:`FingerprintedTokenizer` (``fingerprint()`` and ``describe()``), which
+``tokenmill.tokenize.Tokenizer`` implements, so no data layer imports the tokenizers.
 """
 
 from __future__ import annotations
@@ -20,15 +25,15 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from tokenmill.common.atomic import AtomicFile
 from tokenmill.common.sidecar import check_header
 from tokenmill.errors import DataFormatError, TokenizerMismatchError
-from tokenmill.tokenize.tokenizers import Tokenizer
 
 __all__ = [
     "SIDECAR_SUFFIX",
+    "FingerprintedTokenizer",
     "check_compatible",
     "check_tokenizer",
     "read_sidecar",
@@ -41,6 +46,19 @@ SIDECAR_SUFFIX = ".tokenmill.json"
 FORMAT = "tokenmill.dataset"
 VERSION = 1
 _FIELDS = ("kind", "sha256", "vocab_size", "bos_id", "eod_id")
+
+
+@runtime_checkable
+class FingerprintedTokenizer(Protocol):
+    """A tokenizer that says what identifies its output (``tokenmill.tokenize.Tokenizer``)."""
+
+    def fingerprint(self) -> dict[str, Any]:
+        """kind, sha256, vocab_size, bos_id and eod_id."""
+        ...
+
+    def describe(self) -> str:
+        """A short human-readable name, for messages."""
+        ...
 
 
 def sidecar_path(prefix: str) -> str:
@@ -109,7 +127,9 @@ def _compare(
             )
 
 
-def check_tokenizer(prefix: str, tokenizer: Tokenizer | Mapping[str, Any]) -> dict[str, Any]:
+def check_tokenizer(
+    prefix: str, tokenizer: FingerprintedTokenizer | Mapping[str, Any]
+) -> dict[str, Any]:
     """Check that a dataset was tokenized with ``tokenizer``.
 
     Args:
@@ -124,8 +144,10 @@ def check_tokenizer(prefix: str, tokenizer: Tokenizer | Mapping[str, Any]) -> di
         TokenizerMismatchError: the fingerprints differ (names the field and both values).
     """
     payload = read_sidecar(prefix)
-    expected = tokenizer.fingerprint() if isinstance(tokenizer, Tokenizer) else tokenizer
-    name = tokenizer.describe() if isinstance(tokenizer, Tokenizer) else "the given tokenizer"
+    if isinstance(tokenizer, Mapping):
+        expected, name = tokenizer, "the given tokenizer"
+    else:
+        expected, name = tokenizer.fingerprint(), tokenizer.describe()
     _compare(expected, payload["tokenizer"], name, f"dataset {prefix!r}")
     return payload
 
