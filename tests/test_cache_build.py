@@ -13,9 +13,9 @@ import pytest
 
 from tokenmill.cli.main import main
 from tokenmill.datasets.builder import BlendedMegatronDatasetBuilder
-from tokenmill.datasets.cache_build import build_cache, check_cache
-from tokenmill.datasets.config_file import load_run_config, parse_sizes
 from tokenmill.datasets.gpt import GPTDataset, GPTDatasetConfig
+from tokenmill.runs.cache_build import build_cache, check_cache
+from tokenmill.runs.config_file import load_run_config, parse_sizes
 
 from conftest import TinyTokenizer, random_documents, write_megatron_shard
 

@@ -547,10 +547,10 @@ def test_trainer_starts_from_a_published_cache(
     where: str,
 ) -> None:
     from tokenmill.datasets.builder import BlendedMegatronDatasetBuilder
-    from tokenmill.datasets.cache_build import build_cache
-    from tokenmill.datasets.config_file import load_run_config
     from tokenmill.datasets.gpt import GPTDataset
     from tokenmill.index.cache import CacheSession, cache_session
+    from tokenmill.runs.cache_build import build_cache
+    from tokenmill.runs.config_file import load_run_config
 
     sizes = [100, 10, 5]
     builder_node, trainer_node = tmp_path / "builder", tmp_path / "trainer"

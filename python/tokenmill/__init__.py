@@ -46,9 +46,9 @@ _EXPORTS: dict[str, str] = {
     "make_data_loader": "tokenmill.loading.batch",
     "collate": "tokenmill.loading.batch",
     # offline cache builds, publishing and downloads
-    "load_run_config": "tokenmill.datasets.config_file",
-    "build_cache": "tokenmill.datasets.cache_build",
-    "check_cache": "tokenmill.datasets.cache_build",
+    "load_run_config": "tokenmill.runs.config_file",
+    "build_cache": "tokenmill.runs.cache_build",
+    "check_cache": "tokenmill.runs.cache_build",
     "publish": "tokenmill.storage.transfer",
     "download": "tokenmill.storage.transfer",
     "start_download": "tokenmill.storage.transfer",
@@ -132,9 +132,7 @@ if TYPE_CHECKING:
     from tokenmill.common.world import World
     from tokenmill.datasets.blended import BlendedDataset
     from tokenmill.datasets.builder import BlendedMegatronDatasetBuilder
-    from tokenmill.datasets.cache_build import build_cache, check_cache
     from tokenmill.datasets.config import BlendedMegatronDatasetConfig
-    from tokenmill.datasets.config_file import load_run_config
     from tokenmill.datasets.gpt import GPTDataset, GPTDatasetConfig, MockGPTDataset
     from tokenmill.datasets.memory_mapped import MemoryMappedDataset
     from tokenmill.datasets.mixture import Mixture
@@ -171,6 +169,8 @@ if TYPE_CHECKING:
     from tokenmill.loading.batch import collate, make_data_loader
     from tokenmill.loading.mixture import MixtureDataset, MixtureLoader
     from tokenmill.loading.threaded import ThreadedBatchLoader
+    from tokenmill.runs.cache_build import build_cache, check_cache
+    from tokenmill.runs.config_file import load_run_config
     from tokenmill.storage.manifest import Manifest
     from tokenmill.storage.object_storage import ObjectStorageConfig
     from tokenmill.storage.transfer import download, publish, start_download

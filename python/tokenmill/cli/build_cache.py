@@ -11,7 +11,7 @@ shapes, descriptions) and the data fingerprints recorded by the build, prints ea
 exits 1 if there is any.
 
 The config file (YAML, TOML or JSON) uses GPTDatasetConfig's field names; see
-``tokenmill.datasets.config_file``. Sizes are sample counts or ``none``.
+``tokenmill.runs.config_file``. Sizes are sample counts or ``none``.
 """
 
 from __future__ import annotations
@@ -50,9 +50,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def run(args: argparse.Namespace) -> int:
-    from tokenmill.datasets.cache_build import build_cache, check_cache
-    from tokenmill.datasets.config_file import load_run_config, parse_sizes
     from tokenmill.errors import TokenmillError
+    from tokenmill.runs.cache_build import build_cache, check_cache
+    from tokenmill.runs.config_file import load_run_config, parse_sizes
 
     try:
         run_config = load_run_config(args.config)

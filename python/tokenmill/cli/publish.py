@@ -51,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         config = None
         if args.config:
-            from tokenmill.datasets.config_file import read_config_file
+            from tokenmill.runs.config_file import read_config_file
 
             config = {"file": args.config, "fields": read_config_file(args.config)}
         policy = TransferPolicy(workers=args.workers, part_bytes=args.part_size_mib << 20)

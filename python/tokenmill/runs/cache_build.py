@@ -32,9 +32,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from tokenmill.datasets.config_file import RunConfig
 from tokenmill.errors import CacheError, PerformanceWarning
 from tokenmill.index.cache import CacheEvent, CacheSession, IndexCache, cache_session
+from tokenmill.runs.config_file import RunConfig
 
 __all__ = [
     "RECORD_PREFIX",
@@ -338,7 +338,7 @@ def build_cache(
     """Build every index cache the run needs (a no-op for entries already valid).
 
     Args:
-        run: the config (see `tokenmill.datasets.config_file.load_run_config`).
+        run: the config (see `tokenmill.runs.config_file.load_run_config`).
         sizes: samples per split (default: the file's `sizes`).
         progress: draw a progress line on `stream` (stderr).
 
