@@ -17,13 +17,14 @@ from conftest import TinyTokenizer, random_documents, write_megatron_shard
 torch = pytest.importorskip("torch")
 
 from tokenmill import _core
-from tokenmill.datasets import gpt as gpt_module
 from tokenmill.datasets.blended import BlendedDataset
 from tokenmill.datasets.gpt import GPTDataset, GPTDatasetConfig
 from tokenmill.datasets.utils import Split
 from tokenmill.errors import PerformanceWarning
 from tokenmill.formats.megatron import IndexedDataset
-from tokenmill.loading.batch import SampleBatch, collate, make_data_loader
+from tokenmill.loading.batch import make_data_loader
+from tokenmill.serving import server as server_module
+from tokenmill.serving.batch import SampleBatch, collate
 
 pytestmark = pytest.mark.filterwarnings("ignore::tokenmill.errors.PerformanceWarning")
 
@@ -138,8 +139,8 @@ def test_batch_equals_stacked_samples_for_every_flag_combination(tmp_path: Path,
     assert_same(slow.get_batch(indices), expected, f"python batch {flags}")
     # The same batch gathered by several threads (large batches; forced here).
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(gpt_module, "_PARALLEL_GATHER_BYTES", 0)
-        patch.setattr(gpt_module, "_GATHER_THREADS", 3)
+        patch.setattr(server_module, "_PARALLEL_GATHER_BYTES", 0)
+        patch.setattr(server_module, "_GATHER_THREADS", 3)
         assert_same(fast.get_batch(indices), expected, f"threaded batch {flags}")
     batch = fast.__getitems__(indices)
     assert isinstance(batch, SampleBatch) and len(batch) == len(indices)
@@ -400,8 +401,8 @@ def _gather_in_child(dataset: GPTDataset, indices: list[int], queue: Any) -> Non
     # A forked child of a process whose gather helpers are running has no helpers: it must
     # gather on its own thread instead of waiting for them.
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(gpt_module, "_PARALLEL_GATHER_BYTES", 0)
-        patch.setattr(gpt_module, "_GATHER_THREADS", 2)
+        patch.setattr(server_module, "_PARALLEL_GATHER_BYTES", 0)
+        patch.setattr(server_module, "_GATHER_THREADS", 2)
         queue.put(dataset.get_batch(indices)["tokens"].numpy().copy())
 
 
@@ -413,8 +414,8 @@ def test_threaded_gather_after_fork(tmp_path: Path, shard: str) -> None:
     dataset = build(shard, tmp_path, {name: False for name in FLAGS}, 16)
     indices = list(range(min(len(dataset), 12)))
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(gpt_module, "_PARALLEL_GATHER_BYTES", 0)
-        patch.setattr(gpt_module, "_GATHER_THREADS", 2)
+        patch.setattr(server_module, "_PARALLEL_GATHER_BYTES", 0)
+        patch.setattr(server_module, "_GATHER_THREADS", 2)
         expected = dataset.get_batch(indices)["tokens"].numpy().copy()  # helpers now running
     context = multiprocessing.get_context("fork")
     queue = context.Queue()

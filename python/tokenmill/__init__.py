@@ -44,7 +44,7 @@ _EXPORTS: dict[str, str] = {
     "World": "tokenmill.common.world",
     "ThreadedBatchLoader": "tokenmill.loading.threaded",
     "make_data_loader": "tokenmill.loading.batch",
-    "collate": "tokenmill.loading.batch",
+    "collate": "tokenmill.serving.batch",
     # offline cache builds, publishing and downloads
     "load_run_config": "tokenmill.runs.config_file",
     "build_cache": "tokenmill.runs.cache_build",
@@ -166,11 +166,12 @@ if TYPE_CHECKING:
     from tokenmill.formats.token_dir import open_token_file
     from tokenmill.formats.token_scan import find_token_positions
     from tokenmill.index.mixture_plan import SourceExhaustedError
-    from tokenmill.loading.batch import collate, make_data_loader
+    from tokenmill.loading.batch import make_data_loader
     from tokenmill.loading.mixture import MixtureDataset, MixtureLoader
     from tokenmill.loading.threaded import ThreadedBatchLoader
     from tokenmill.runs.cache_build import build_cache, check_cache
     from tokenmill.runs.config_file import load_run_config
+    from tokenmill.serving.batch import collate
     from tokenmill.storage.manifest import Manifest
     from tokenmill.storage.object_storage import ObjectStorageConfig
     from tokenmill.storage.transfer import download, publish, start_download

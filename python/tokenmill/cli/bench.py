@@ -195,8 +195,9 @@ def run(args: argparse.Namespace) -> int:
     from tokenmill.datasets.gpt import GPTDataset, GPTDatasetConfig
     from tokenmill.datasets.utils import Split
     from tokenmill.formats.megatron import IndexedDataset
-    from tokenmill.loading.batch import collate, make_data_loader
+    from tokenmill.loading.batch import make_data_loader
     from tokenmill.loading.threaded import ThreadedBatchLoader
+    from tokenmill.serving.batch import collate
 
     torch.set_num_threads(1)
     workdir = args.workdir or tempfile.mkdtemp(prefix="tokenmill-bench-")

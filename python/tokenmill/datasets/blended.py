@@ -12,9 +12,9 @@ written atomically under a lock and validated on every hit (see `tokenmill.index
 `dataset_index` is int16 (megatron-core) below 32 767 members and int32 beyond.
 
 Serving: `__getitems__(indices)` / `get_batch(indices)` look up the members of the whole batch
-with two vectorised numpy gathers and let each member present in the batch gather its samples
-straight into the rows of one shared set of batch tensors (one C++ call per member, GIL
-released). The result equals stacking `__getitem__` outputs, with `dataset_id` a `[B]`
+with two vectorised numpy gathers and, when the members present share one batch layout
+(`tokenmill.serving.Servable`), let each gather its samples straight into the rows of one shared
+set of batch tensors (one C++ call per member, GIL released). The result equals stacking `__getitem__` outputs, with `dataset_id` a `[B]`
 `torch.int16` tensor (`torch.int32` for blends of 32 767 members or more), i.e. what torch's
 default collate makes of the per-sample numpy scalars.
 """
@@ -41,7 +41,9 @@ from tokenmill.index.blending import (
     build_exhaustive_blending_indices,
 )
 from tokenmill.index.cache import ArraySpec, IndexCache
-from tokenmill.loading.batch import SampleBatch, stack_samples
+from tokenmill.serving.batch import SampleBatch, as_index_array, stack_samples
+from tokenmill.serving.layout import BatchLayout
+from tokenmill.serving.server import BatchServer
 
 if TYPE_CHECKING:
     import torch
@@ -138,6 +140,8 @@ class BlendedDataset:
         self.dataset_index: npt.NDArray[Any] | None
         self.dataset_sample_index: npt.NDArray[Any] | None
         self.dataset_index, self.dataset_sample_index = self._build_indices()
+        # one batch server per member layout (usually one), built on first use in each process
+        self._servers: dict[BatchLayout, BatchServer] = {}
 
     # -- indices -----------------------------------------------------------------------------
 
@@ -230,6 +234,7 @@ class BlendedDataset:
         state = self.__dict__.copy()
         if self._cache is not None and self._cache.all_present():
             state["dataset_index"] = state["dataset_sample_index"] = None
+        state["_servers"] = {}  # per process (they hold torch and buffer pools)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -276,8 +281,6 @@ class BlendedDataset:
         """
         import torch
 
-        from tokenmill.datasets.gpt import GPTDataset, as_index_array
-
         if self.dataset_index is None:
             self._load_deferred()
         assert self.dataset_index is not None and self.dataset_sample_index is not None
@@ -293,25 +296,16 @@ class BlendedDataset:
         sample_ids = np.ascontiguousarray(self.dataset_sample_index[index_array], dtype=np.int64)
         members = np.unique(dataset_ids).tolist()
         used = [self.datasets[member] for member in members]
-        servers = [member._serving() if isinstance(member, GPTDataset) else None for member in used]
-        fast = (
-            bool(used)
-            and all(server is not None for server in servers)
-            and all(member._serving_layout() == used[0]._serving_layout() for member in used)
-        )
+        layout = _shared_layout(used)
         tensors: dict[str, torch.Tensor]
-        if fast:
-            lead = servers[0]
-            assert lead is not None
-            buffers = lead.buffers(index_array.shape[0], pin_memory=pin_memory)
-            try:
-                for member, server in zip(members, servers):
-                    assert server is not None
-                    rows = np.flatnonzero(dataset_ids == member).astype(np.int64)
-                    server.fill(sample_ids[rows], rows, buffers)
-                tensors = lead.tensors(buffers, None)
-            finally:
-                lead.pool.release(buffers)
+        if layout is not None:
+            parts = []
+            for member, dataset in zip(members, used):
+                rows = np.flatnonzero(dataset_ids == member).astype(np.int64)
+                parts.append((dataset, sample_ids[rows], rows))
+            tensors = self._server_for(layout).serve(
+                index_array.shape[0], parts, pin_memory=pin_memory
+            )
         else:
             if not used:
                 raise ValueError("get_batch needs at least one index")
@@ -324,3 +318,23 @@ class BlendedDataset:
         if pin_memory:
             dataset_id = dataset_id.pin_memory()
         return {"dataset_id": dataset_id, **tensors}
+
+    def _server_for(self, layout: BatchLayout) -> BatchServer:
+        """The batch server of `layout` in this process (loader threads share it)."""
+        server = self._servers.get(layout)
+        if server is None:
+            server = self._servers.setdefault(layout, BatchServer(layout))
+        return server
+
+
+def _shared_layout(datasets: Sequence[Any]) -> BatchLayout | None:
+    """The batch layout all `datasets` share (`tokenmill.serving.Servable`), or None when one of
+    them is not servable or two differ (the batch is then stacked from samples)."""
+    layout: BatchLayout | None = None
+    for dataset in datasets:
+        batch_layout = getattr(dataset, "batch_layout", None)
+        found = batch_layout() if batch_layout is not None else None
+        if found is None or (layout is not None and found != layout):
+            return None
+        layout = found
+    return layout

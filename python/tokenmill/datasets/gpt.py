@@ -18,29 +18,27 @@ and cached under megatron-core's file names; see `tokenmill.index.cache` for wha
 never shared between samples (megatron-core returns one cached attention_mask and position_ids
 object for every sample when no reset flag is set).
 
-Serving: for an IndexedDataset mapped with `mmap=True` (the default) and integer tokens, one C++
-call (`_core.Gatherer.gather`, GIL released) resolves shuffle -> sample -> document positions,
-reads the tokens in their storage dtype, widens them once into the output rows and computes
-labels, loss_mask, position_ids (and their reset variants) and cu_seqlens in the same pass.
-`__getitem__` does this for one sample (9–12 µs at 2048 tokens on the 2-core dev VM, 5–6x
-faster than megatron-core in the same run), `__getitems__` / `get_batch` for a whole batch into
-one tensor per key (3–5 µs per sample at 2048, mostly the memory traffic of the int64 outputs;
-see benchmarks/SERVING.md). Other low-level datasets (mock data,
-`mmap=False`, float tokens) take the per-document Python path, with identical results.
+Serving: for an IndexedDataset mapped with `mmap=True` (the default) and integer tokens, samples
+come from the C++ batched gather of `tokenmill.serving.gpt` (one call resolves shuffle -> sample
+-> document positions and writes every output). `__getitem__` gathers one sample (9–12 µs at
+2048 tokens on the 2-core dev VM, 5–6x faster than megatron-core in the same run),
+`__getitems__` / `get_batch` a whole batch into one tensor per key (3–5 µs per sample at 2048,
+mostly the memory traffic of the int64 outputs; see benchmarks/SERVING.md). The dataset is
+`tokenmill.serving.Servable` (`batch_layout()`, `fill_batch()`), which is how BlendedDataset
+gathers its members' rows into one batch. Other low-level datasets (mock data, `mmap=False`,
+float tokens) take the per-document Python path, with identical results.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-import operator
 import os
-import sys
 import threading
 import time
 import warnings
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -58,7 +56,9 @@ from tokenmill.index.gpt_index import (
     build_gpt_indices,
     plan_gpt_indices,
 )
-from tokenmill.loading.batch import SampleBatch, stack_samples
+from tokenmill.serving.batch import SampleBatch, as_index_array, stack_samples
+from tokenmill.serving.gpt import GptBatchLayout, GptSampleServer
+from tokenmill.serving.layout import BatchLayout
 
 if TYPE_CHECKING:
     import torch
@@ -73,11 +73,6 @@ _ARRAY_NAMES = ("document_index", "sample_index", "shuffle_index")
 _TRANSIENT = ("_server",)
 _UNSET: Any = object()
 _SERVER_LOCK = threading.Lock()
-# A batch whose outputs reach this size is gathered by two threads (persistent helpers in C++,
-# csrc/parallel.cpp): one core writes ~18-20 GB/s here, two ~26-28 GB/s (measured: S=8192, 1.8 and
-# 7 MiB batches, 1.4-1.6x). DataLoader worker processes always use one.
-_PARALLEL_GATHER_BYTES = 1 << 20
-_GATHER_THREADS = max(1, min(2, os.cpu_count() or 1))
 
 _ATTENTION_MASK_WARNING = (
     "create_attention_mask=True builds a dense bool [1, S, S] mask per sample (4 MiB at S=2048, "
@@ -606,15 +601,46 @@ class GPTDataset(MegatronDataset):
             if pin_memory:
                 stacked = {key: value.pin_memory() for key, value in stacked.items()}
             return stacked
-        buffers = server.buffers(index_array.shape[0], pin_memory=pin_memory)
-        try:
-            server.fill(index_array, None, buffers)
-            batch: dict[str, torch.Tensor] = server.tensors(buffers, padding)
-        finally:
-            server.pool.release(buffers)
-        return batch
+        return server.serve(
+            index_array.shape[0],
+            [(self, index_array, None)],
+            padding=padding,
+            pin_memory=pin_memory,
+        )
 
-    def _serving(self) -> _SampleServer | None:
+    # -- tokenmill.serving.Servable ------------------------------------------------------------
+
+    def batch_layout(self) -> BatchLayout | None:
+        """The layout of this dataset's served batches (`tokenmill.serving`), or None when the
+        low-level dataset needs the per-document Python path (not a mapped, integer,
+        single-modal IndexedDataset): its batches are then stacked samples."""
+        server = self._serving()
+        return None if server is None else server.layout
+
+    def fill_batch(
+        self,
+        indices: npt.NDArray[np.int64],
+        rows: npt.NDArray[np.int64] | None,
+        buffers: Mapping[str, npt.NDArray[Any]],
+        *,
+        num_threads: int = 1,
+    ) -> None:
+        """Gather samples `indices` into rows `rows` (None: 0..B-1) of batch buffers laid out
+        by `batch_layout()`, in one C++ call with the GIL released.
+
+        Raises:
+            IndexError: an index is outside [-len, len).
+            TypeError: this dataset has no batch layout (`batch_layout()` is None).
+        """
+        server = self._serving()
+        if server is None:
+            raise TypeError(
+                f"{type(self).__name__} over {type(self.dataset).__name__} has no batch layout: "
+                "its samples are read by the per-document Python path"
+            )
+        server.gather(indices, rows, buffers, num_threads=num_threads)
+
+    def _serving(self) -> GptSampleServer | None:
         """The C++-backed sample server (built once per process), or None when the low-level
         dataset needs the Python path (not a mapped, integer, single-modal IndexedDataset)."""
         server = self._server
@@ -623,14 +649,16 @@ class GPTDataset(MegatronDataset):
                 server = self._server
                 if server is _UNSET:
                     server = self._make_server()
-        result: _SampleServer | None = server
+        result: GptSampleServer | None = server
         return result
 
-    def _make_server(self) -> _SampleServer | None:
+    def _make_server(self) -> GptSampleServer | None:
         from tokenmill.formats.megatron import IndexedDataset
 
         if self.shuffle_index is None:
             self._load_deferred()
+        assert self.shuffle_index is not None and self.sample_index is not None
+        assert self.document_index is not None
         dataset = self.dataset
         tokens = getattr(dataset, "_tokens", None)
         server = None
@@ -642,7 +670,30 @@ class GPTDataset(MegatronDataset):
             and tokens.dtype.itemsize <= 8
             and tokens.dtype not in (np.dtype(np.uint32), np.dtype(np.uint64))
         ):
-            server = _SampleServer(self, tokens)
+            config = self.config
+            inter_document = bool(config.inter_document_masking)
+            attention_mask = bool(config.create_attention_mask) and not inter_document
+            layout = GptBatchLayout(
+                sequence_length=config.sequence_length,
+                token_dtype=self._output_dtype(),
+                attention_mask=attention_mask,
+                reset_attention_mask=attention_mask and bool(config.reset_attention_mask),
+                inter_document=inter_document,
+            )
+            server = GptSampleServer(
+                self.shuffle_index,
+                self.sample_index,
+                self.document_index,
+                dataset.sequence_pointers,
+                dataset.sequence_lengths,
+                tokens,
+                layout=layout,
+                extra_token=int(config.add_extra_token_to_sequence),
+                eod=int(config.tokenizer.eod),
+                pad=int(self._pad_token_id),
+                eod_mask_loss=bool(config.eod_mask_loss),
+                reset_position_ids=bool(config.reset_position_ids),
+            )
         self._server = server
         return server
 
@@ -665,311 +716,6 @@ class GPTDataset(MegatronDataset):
                 f"stores {storage}"
             )
         return storage
-
-    def _serving_layout(self) -> tuple[Any, ...]:
-        """Everything that decides the keys, shapes and dtypes of a served batch."""
-        config = self.config
-        return (
-            config.sequence_length,
-            bool(config.create_attention_mask),
-            bool(config.reset_attention_mask),
-            bool(config.inter_document_masking),
-            self._output_dtype(),
-        )
-
-
-class _SampleServer:
-    """One GPTDataset's C++ gatherer and the recipe of its output buffers and tensors."""
-
-    def __init__(self, dataset: GPTDataset, tokens: npt.NDArray[Any]) -> None:
-        import torch
-
-        from tokenmill import _core
-
-        config = dataset.config
-        self.torch = torch
-        self.length = config.sequence_length
-        self.dtype = dataset._output_dtype()
-        self.inter_document = bool(config.inter_document_masking)
-        self.attention_mask = bool(config.create_attention_mask) and not self.inter_document
-        self.reset_attention_mask = self.attention_mask and bool(config.reset_attention_mask)
-        self.gatherer = _core.Gatherer(
-            np.ascontiguousarray(dataset.shuffle_index),
-            np.ascontiguousarray(dataset.sample_index),
-            np.ascontiguousarray(dataset.document_index),
-            np.ascontiguousarray(dataset.dataset.sequence_pointers, dtype=np.int64),
-            np.ascontiguousarray(dataset.dataset.sequence_lengths, dtype=np.int32),
-            tokens,
-            sequence_length=config.sequence_length,
-            extra_token=int(config.add_extra_token_to_sequence),
-            eod=int(config.tokenizer.eod),
-            pad=int(dataset._pad_token_id),
-            eod_mask_loss=bool(config.eod_mask_loss),
-            reset_position_ids=bool(config.reset_position_ids),
-            inter_document_masking=self.inter_document,
-        )
-        self.pool = _BufferPool()
-        self.worker: bool | None = None
-        # torch views of shared-memory buffers, by id of their tokens array, until tensors()
-        self.shared_views: dict[int, dict[str, torch.Tensor]] = {}
-
-    def one(self, idx: int | None) -> dict[str, torch.Tensor]:
-        """Sample `idx` with megatron-core's keys (the single-sample fast path)."""
-        index = 0 if idx is None else operator.index(idx)
-        length = self.length
-        empty = np.empty
-        tokens = empty(length, self.dtype)
-        labels = empty(length, self.dtype)
-        loss_mask = empty(length, np.float32)
-        position_ids = empty(length, np.int64)
-        cu_seqlens = max_seqlen = starts = None
-        if self.inter_document:
-            cu_seqlens = empty(length + 1, np.int32)
-            max_seqlen = empty((), np.int32)
-        elif self.reset_attention_mask:
-            starts = empty(length, np.int64)
-        self.gatherer.gather_one(
-            index, tokens, labels, loss_mask, position_ids, starts, cu_seqlens, max_seqlen
-        )
-        from_numpy = self.torch.from_numpy
-        if idx is None:
-            loss_mask[:] = 0.0
-        result = {"tokens": from_numpy(tokens), "labels": from_numpy(labels)}
-        if cu_seqlens is not None and max_seqlen is not None:
-            result["loss_mask"] = from_numpy(loss_mask)
-            result["position_ids"] = from_numpy(position_ids)
-            result["cu_seqlens"] = from_numpy(cu_seqlens)
-            result["max_seqlen"] = from_numpy(max_seqlen)
-            return result
-        if self.attention_mask:
-            result["attention_mask"] = self.mask(starts, ())
-        result["loss_mask"] = from_numpy(loss_mask)
-        result["position_ids"] = from_numpy(position_ids)
-        return result
-
-    def mask(self, starts: npt.NDArray[np.int64] | None, lead: tuple[int, ...]) -> torch.Tensor:
-        """megatron-core's dense mask (True = masked), `[*lead, 1, S, S]`."""
-        module = self.torch
-        length = self.length
-        allowed = module.ones(length, length, dtype=module.bool).tril_()
-        if starts is not None:
-            document = module.from_numpy(starts)
-            allowed = allowed & (document.unsqueeze(-1) == document.unsqueeze(-2))
-            result: torch.Tensor = (~allowed).unsqueeze(-3)
-            return result
-        return (~allowed).expand(*lead, 1, length, length).clone()
-
-    def buffers(self, count: int, *, pin_memory: bool = False) -> dict[str, npt.NDArray[Any]]:
-        """Uninitialised `[count, ...]` output arrays.
-
-        Without pinning they come from a small pool and are reused only once nothing but the
-        pool references them (every tensor, view or shared-memory copy of an earlier batch is
-        gone), which saves the page faults of fresh multi-MB allocations.
-        """
-        if not pin_memory and self.in_worker():
-            return self.shared_buffers(count)
-        if not pin_memory:
-            buffers = self.pool.take(count)
-            if buffers is None:
-                buffers = self.new_buffers(count, pin_memory=False)
-                self.pool.add(count, buffers)
-            return buffers
-        return self.new_buffers(count, pin_memory=True)
-
-    def in_worker(self) -> bool:
-        """Whether this process is a torch DataLoader worker."""
-        worker = self.worker
-        if worker is None:
-            from torch.utils.data import get_worker_info
-
-            worker = self.worker = get_worker_info() is not None
-        return bool(worker)
-
-    def layout(self, count: int) -> list[tuple[str, tuple[int, ...], np.dtype[Any]]]:
-        """(key, shape, dtype) of every output buffer of a batch of `count`."""
-        length = self.length
-        layout: list[tuple[str, tuple[int, ...], np.dtype[Any]]] = [
-            ("tokens", (count, length), self.dtype),
-            ("labels", (count, length), self.dtype),
-            ("loss_mask", (count, length), np.dtype(np.float32)),
-            ("position_ids", (count, length), np.dtype(np.int64)),
-        ]
-        if self.inter_document:
-            layout.append(("cu_seqlens", (count, length + 1), np.dtype(np.int32)))
-            layout.append(("max_seqlen", (count,), np.dtype(np.int32)))
-        elif self.reset_attention_mask:
-            layout.append(("document_starts", (count, length), np.dtype(np.int64)))
-        return layout
-
-    def shared_buffers(self, count: int) -> dict[str, npt.NDArray[Any]]:
-        """Outputs carved from ONE shared-memory block: a DataLoader worker then hands the batch
-        to the main process as one shared segment (torch sends one descriptor per storage,
-        each a socket round trip) and copies nothing."""
-        module = self.torch
-        layout = self.layout(count)
-        offsets = []
-        total = 0
-        for _, shape, dtype in layout:
-            total = -(-total // 64) * 64
-            offsets.append(total)
-            total += int(np.prod(shape)) * dtype.itemsize
-        storage = module.UntypedStorage._new_shared(max(total, 1))
-        block = module.empty(0, dtype=module.uint8).set_(storage)
-        raw = block.numpy()
-        buffers: dict[str, npt.NDArray[Any]] = {}
-        views: dict[str, torch.Tensor] = {}
-        for (key, shape, dtype), offset in zip(layout, offsets):
-            size = int(np.prod(shape)) * dtype.itemsize
-            buffers[key] = raw[offset : offset + size].view(dtype).reshape(shape)
-            torch_dtype = module.from_numpy(np.empty(0, dtype)).dtype
-            views[key] = block[offset : offset + size].view(torch_dtype).view(shape)
-        self.shared_views[id(buffers["tokens"])] = views
-        return buffers
-
-    def new_buffers(self, count: int, *, pin_memory: bool) -> dict[str, npt.NDArray[Any]]:
-        length = self.length
-        torch = self.torch
-
-        def empty(shape: tuple[int, ...], dtype: npt.DTypeLike) -> npt.NDArray[Any]:
-            if not pin_memory:
-                return np.empty((count, *shape), dtype=dtype)
-            torch_dtype = torch.from_numpy(np.empty(0, dtype)).dtype
-            tensor = torch.empty((count, *shape), dtype=torch_dtype, pin_memory=True)
-            pinned: npt.NDArray[Any] = tensor.numpy()
-            return pinned
-
-        buffers = {
-            "tokens": empty((length,), self.dtype),
-            "labels": empty((length,), self.dtype),
-            "loss_mask": empty((length,), np.float32),
-            "position_ids": empty((length,), np.int64),
-        }
-        if self.inter_document:
-            buffers["cu_seqlens"] = empty((length + 1,), np.int32)
-            buffers["max_seqlen"] = empty((), np.int32)
-        elif self.reset_attention_mask:
-            buffers["document_starts"] = np.empty((count, length), dtype=np.int64)
-        return buffers
-
-    def fill(
-        self,
-        indices: npt.NDArray[np.int64],
-        rows: npt.NDArray[np.int64] | None,
-        buffers: dict[str, npt.NDArray[Any]],
-    ) -> None:
-        """Gather samples `indices` into rows `rows` (None: 0..B-1) of `buffers`."""
-        threads = 1
-        if indices.shape[0] > 1 and not self.in_worker():
-            nbytes = sum(array.nbytes for array in buffers.values())
-            if nbytes >= _PARALLEL_GATHER_BYTES:
-                threads = _GATHER_THREADS
-        self.gatherer.gather(
-            indices,
-            rows,
-            buffers["tokens"],
-            buffers["labels"],
-            buffers["loss_mask"],
-            buffers["position_ids"],
-            buffers.get("document_starts"),
-            buffers.get("cu_seqlens"),
-            buffers.get("max_seqlen"),
-            num_threads=threads,
-        )
-
-    def tensors(
-        self, buffers: dict[str, npt.NDArray[Any]], padding: npt.NDArray[np.bool_] | None
-    ) -> dict[str, torch.Tensor]:
-        """The batched sample dict (megatron-core's keys and order) from filled buffers."""
-        from_numpy = self.torch.from_numpy
-        shared = self.shared_views.pop(id(buffers["tokens"]), None)
-
-        def tensor(key: str) -> torch.Tensor:
-            return shared[key] if shared is not None else from_numpy(buffers[key])
-
-        loss_mask = tensor("loss_mask")
-        if padding is not None:
-            loss_mask[from_numpy(padding)] = 0.0
-        result = {"tokens": tensor("tokens"), "labels": tensor("labels")}
-        if self.inter_document:
-            result["loss_mask"] = loss_mask
-            result["position_ids"] = tensor("position_ids")
-            result["cu_seqlens"] = tensor("cu_seqlens")
-            result["max_seqlen"] = tensor("max_seqlen")
-            return result
-        if self.attention_mask:
-            count = buffers["tokens"].shape[0]
-            result["attention_mask"] = self.mask(buffers.get("document_starts"), (count,))
-        result["loss_mask"] = loss_mask
-        result["position_ids"] = tensor("position_ids")
-        return result
-
-
-class _BufferPool:
-    """Recently used batch buffers, reused once only the pool still references them.
-
-    Thread-safe: a set handed out by `take` is lent (never handed out again) until `release`,
-    which the caller runs once its tensors reference the arrays (or the fill failed), so two
-    loader threads never fill the same buffers.
-    """
-
-    # A few sets per batch size: the batch being consumed, the ones being prefetched, spares.
-    _PER_SIZE = 6
-
-    def __init__(self) -> None:
-        self._sets: dict[int, list[dict[str, npt.NDArray[Any]]]] = {}
-        self._lent: set[int] = set()
-        self._lock = threading.Lock()
-
-    def take(self, count: int) -> dict[str, npt.NDArray[Any]] | None:
-        with self._lock:
-            for buffers in self._sets.get(count, ()):
-                if id(buffers) in self._lent:
-                    continue
-                # 3 = the pool's dict + the loop variable `values` below + getrefcount's
-                # argument; any tensor (torch.from_numpy) or view of the array adds to this.
-                if all(sys.getrefcount(values) <= 3 for values in buffers.values()):
-                    self._lent.add(id(buffers))
-                    return buffers
-            return None
-
-    def add(self, count: int, buffers: dict[str, npt.NDArray[Any]]) -> None:
-        """Keeps a new set (lent to the caller, like `take`'s) if there is room."""
-        with self._lock:
-            sets = self._sets.setdefault(count, [])
-            if len(sets) < self._PER_SIZE:
-                sets.append(buffers)
-                self._lent.add(id(buffers))
-
-    def release(self, buffers: dict[str, npt.NDArray[Any]]) -> None:
-        """Ends the loan of `buffers` (a no-op for buffers the pool does not hold)."""
-        with self._lock:
-            self._lent.discard(id(buffers))
-
-
-def as_index_array(
-    indices: Sequence[int | None] | npt.NDArray[np.integer] | Any,
-) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.bool_] | None]:
-    """Sample indices as int64, and which of them were None (padding samples) if any.
-
-    Raises:
-        TypeError: an index is neither an integer nor None.
-        ValueError: the indices are not one-dimensional.
-    """
-    padding: npt.NDArray[np.bool_] | None = None
-    if isinstance(indices, (list, tuple)):
-        if any(index is None for index in indices):
-            padding = np.array([index is None for index in indices], dtype=bool)
-            indices = [0 if index is None else index for index in indices]
-        array = np.asarray(indices) if len(indices) else np.empty(0, dtype=np.int64)
-    else:
-        array = np.asarray(indices)
-    if array.ndim != 1:
-        raise ValueError(f"sample indices must be one-dimensional, got shape {array.shape}")
-    if array.dtype.kind not in "iu":
-        raise TypeError(f"sample indices must be integers, got {array.dtype}")
-    if array.dtype == np.uint64 and array.shape[0] and int(array.max()) > np.iinfo(np.int64).max:
-        raise IndexError(f"sample index {int(array.max())} is out of range")
-    return np.ascontiguousarray(array, dtype=np.int64), padding
 
 
 def _document_boundaries(

@@ -31,6 +31,7 @@ import hashlib
 import json
 import logging
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -43,6 +44,9 @@ from tokenmill.common.threads import default_build_threads
 from tokenmill.errors import DataFormatError
 from tokenmill.index.cache import ArraySpec, IndexCache
 from tokenmill.index.packing import INSERTED_BOS, plan_packing
+from tokenmill.serving.buffers import allocate
+from tokenmill.serving.layout import BatchLayout, Field, PlainLayout
+from tokenmill.serving.server import BatchServer
 
 if TYPE_CHECKING:
     import torch
@@ -54,6 +58,7 @@ logger = logging.getLogger(__name__)
 _PLAN_VERSION = 1
 _ARRAY_NAMES = ("entries", "row_offsets", "row_order")
 _ROW_SEED_SALT = 0x9E3779B9
+_UNSET: Any = object()
 
 
 @dataclass(frozen=True)
@@ -350,26 +355,51 @@ class PackedDataset:
         lengths = np.asarray(self.dataset.sequence_lengths)
         return np.asarray(pointers), lengths, tokens
 
-    def _gather(self, indices: npt.NDArray[np.int64]) -> dict[str, npt.NDArray[Any]]:
-        """Rows `indices` as [B, ...] arrays: one C++ call for mapped Megatron data."""
+    def _row_positions(self, indices: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+        """`indices` checked against [-len, len) and made non-negative."""
         count = len(self)
         if indices.size and (indices.min() < -count or indices.max() >= count):
             bad = int(indices[(indices < -count) | (indices >= count)][0])
             raise IndexError(f"row {bad} is out of range for {count} rows")
-        indices = indices % count if count else indices
+        return indices % count if count else indices
+
+    # -- tokenmill.serving.Servable ------------------------------------------------------------
+
+    def batch_layout(self) -> BatchLayout | None:
+        """The layout of this dataset's served batches (`tokenmill.serving`), or None when the
+        source is not a memory-mapped integer IndexedDataset (rows are then built in Python)."""
+        server = self._serving()
+        return None if server is None else server.layout
+
+    def fill_batch(
+        self,
+        indices: npt.NDArray[np.int64],
+        rows: npt.NDArray[np.int64] | None,
+        buffers: Mapping[str, npt.NDArray[Any]],
+        *,
+        num_threads: int = 1,
+    ) -> None:
+        """Gather rows `indices` into batch rows `rows` (None: 0..B-1) of `buffers`, in one C++
+        call (`num_threads` is unused: the packed gather runs on the calling thread).
+
+        Raises:
+            IndexError: a row index is outside [-len, len).
+            TypeError: this dataset has no batch layout (`batch_layout()` is None).
+            DataFormatError: bos_aligned rows that do not start with BOS.
+        """
         native = self._native_source()
         if native is None:
-            rows = [self._row_arrays(int(i)) for i in indices]
-            return {key: np.stack([row[key] for row in rows]) for key in rows[0]}
+            raise TypeError(
+                f"PackedDataset over {type(self.dataset).__name__} has no batch layout: its "
+                "rows are built in Python"
+            )
+        indices = self._row_positions(indices)
+        outputs: Mapping[str, npt.NDArray[Any]] = buffers
+        if rows is not None:
+            server = self._serving()
+            assert server is not None
+            outputs = allocate(server.fields, int(indices.shape[0]), pin_memory=False)
         config = self.config
-        batch, length = int(indices.shape[0]), config.sequence_length
-        outputs: dict[str, npt.NDArray[Any]] = {
-            "input_ids": np.empty((batch, length), dtype=np.int64),
-            "labels": np.empty((batch, length), dtype=np.int64),
-            "position_ids": np.empty((batch, length), dtype=np.int64),
-            "doc_ids": np.empty((batch, length), dtype=np.int32),
-            "cu_seqlens": np.empty((batch, config.max_documents_per_row + 1), dtype=np.int32),
-        }
         pointers, lengths, tokens = native
         _core.gather_packed_rows(
             np.ascontiguousarray(self.entries),
@@ -378,7 +408,7 @@ class PackedDataset:
             pointers,
             lengths,
             tokens,
-            length,
+            config.sequence_length,
             config.max_documents_per_row,
             -1 if config.bos_token_id is None else config.bos_token_id,
             config.pad_token_id,
@@ -390,21 +420,57 @@ class PackedDataset:
             bad_rows = np.flatnonzero(outputs["input_ids"][:, 0] != config.bos_token_id)
             if bad_rows.size:
                 self._row_arrays(int(indices[bad_rows[0]]))  # raises the DataFormatError
-        return outputs
+        if rows is not None:
+            for key, values in outputs.items():
+                buffers[key][rows] = values
 
-    def __getitem__(self, idx: int) -> dict[str, torch.Tensor]:
+    def _serving(self) -> BatchServer | None:
+        """The batch server of this dataset in this process, or None without a C++ gather."""
+        server = self.__dict__.get("_server", _UNSET)
+        if server is _UNSET:
+            server = None
+            if self._native_source() is not None:
+                config = self.config
+                length, int64 = (config.sequence_length,), np.dtype(np.int64)
+                layout = PlainLayout(
+                    (
+                        Field("input_ids", length, int64),
+                        Field("labels", length, int64),
+                        Field("position_ids", length, int64),
+                        Field("doc_ids", length, np.dtype(np.int32)),
+                        Field(
+                            "cu_seqlens", (config.max_documents_per_row + 1,), np.dtype(np.int32)
+                        ),
+                    )
+                )
+                server = BatchServer(layout)
+            self._server = server
+        result: BatchServer | None = server
+        return result
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state.pop("_server", None)  # per process (it holds torch and a buffer pool)
+        return state
+
+    def _batch(self, indices: npt.NDArray[np.int64]) -> dict[str, torch.Tensor]:
+        """Rows `indices` as [B, ...] tensors: one C++ call for mapped Megatron data."""
         import torch
 
-        batch = self._gather(np.array([idx], dtype=np.int64))
-        return {key: torch.from_numpy(value[0]) for key, value in batch.items()}
+        server = self._serving()
+        if server is not None:
+            return server.serve(int(indices.shape[0]), [(self, indices, None)])
+        rows = [self._row_arrays(int(i)) for i in self._row_positions(indices)]
+        return {key: torch.from_numpy(np.stack([row[key] for row in rows])) for key in rows[0]}
+
+    def __getitem__(self, idx: int) -> dict[str, torch.Tensor]:
+        batch = self._batch(np.array([idx], dtype=np.int64))
+        return {key: value[0] for key, value in batch.items()}
 
     def __getitems__(self, indices: list[int]) -> dict[str, torch.Tensor]:
         """A whole batch as stacked tensors (the DataLoader batched-fetch protocol): one C++
         gather into [B, ...] arrays, no per-row tensors (pass `collate_fn=lambda b: b`)."""
-        import torch
-
-        batch = self._gather(np.asarray(indices, dtype=np.int64))
-        return {key: torch.from_numpy(value) for key, value in batch.items()}
+        return self._batch(np.asarray(indices, dtype=np.int64))
 
 
 def _digest(values: npt.NDArray[Any]) -> str:

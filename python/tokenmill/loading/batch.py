@@ -1,91 +1,30 @@
-"""Batched sample serving: the `__getitems__` result, a pass-through collate and a loader helper.
+"""`make_data_loader`: a loader that fetches whole batches through `__getitems__`.
 
-`GPTDataset.__getitems__(indices)` and `BlendedDataset.__getitems__(indices)` gather a whole
-batch with one C++ call into one tensor per key (`[B, S]` tokens, labels, loss_mask,
-position_ids, `[B, 1, S, S]` attention_mask, `[B, S + 1]` cu_seqlens, `[B]` max_seqlen,
-`[B]` dataset_id). They return a :class:`SampleBatch`: a sequence of per-sample dicts (so torch's
-default collate still works and gives the same result, by stacking per-sample views), that also
-carries the stacked tensors. :func:`collate` hands those tensors through untouched, so a
+`GPTDataset`, `BlendedDataset` and `PackedDataset` gather a whole batch into one tensor per key
+(`tokenmill.serving`); their `__getitems__` returns a `SampleBatch`, which
+`tokenmill.serving.batch.collate` hands through untouched, so a
 `DataLoader(dataset, batch_size=B, collate_fn=collate)` never builds a per-sample tensor:
 
 * default collate: B x keys views are made and copied into new stacked tensors (one more copy);
-* :func:`collate`: zero extra work; the worker hands the batch tensors to the main process.
+* `collate`: zero extra work; the worker hands the batch tensors to the main process.
 
-:func:`make_data_loader` builds such a DataLoader with tokenmill's recommended settings.
-torch is imported only when these functions run, never by `import tokenmill`.
+:func:`make_data_loader` builds such a loader with tokenmill's recommended settings: a torch
+DataLoader with worker processes, or a `ThreadedBatchLoader` with worker threads. torch is
+imported only when it runs, never by `import tokenmill`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, overload
+from typing import TYPE_CHECKING, Any
+
+from tokenmill.serving.batch import collate
 
 if TYPE_CHECKING:
-    import torch
     from torch.utils.data import DataLoader
 
     from tokenmill.loading.threaded import ThreadedBatchLoader
 
-__all__ = ["SampleBatch", "collate", "make_data_loader"]
-
-
-class SampleBatch(Sequence[dict[str, Any]]):
-    """A batch from `__getitems__`: stacked tensors, viewable as a sequence of samples.
-
-    Args:
-        tensors: one tensor per key with the batch as its first dimension.
-        size: the number of samples.
-    """
-
-    __slots__ = ("size", "tensors")
-
-    def __init__(self, tensors: dict[str, torch.Tensor], size: int) -> None:
-        self.tensors = tensors
-        self.size = size
-
-    def __len__(self) -> int:
-        return self.size
-
-    @overload
-    def __getitem__(self, index: int) -> dict[str, Any]: ...
-
-    @overload
-    def __getitem__(self, index: slice) -> list[dict[str, Any]]: ...
-
-    def __getitem__(self, index: int | slice) -> dict[str, Any] | list[dict[str, Any]]:
-        """Sample `index` as the per-sample dict `__getitem__` returns (views into the batch)."""
-        if isinstance(index, slice):
-            return [self[i] for i in range(*index.indices(self.size))]
-        if not -self.size <= index < self.size:
-            raise IndexError(f"sample {index} is out of range for a batch of {self.size}")
-        return {key: value[index] for key, value in self.tensors.items()}
-
-    def __iter__(self) -> Iterator[dict[str, Any]]:
-        for index in range(self.size):
-            yield self[index]
-
-    def __repr__(self) -> str:
-        shapes = ", ".join(f"{key}: {tuple(value.shape)}" for key, value in self.tensors.items())
-        return f"SampleBatch({self.size} samples; {shapes})"
-
-
-def collate(batch: Any) -> Any:
-    """A DataLoader `collate_fn` that passes a :class:`SampleBatch` through as its tensors.
-
-    Anything else (a list of samples from a dataset without `__getitems__`) goes to torch's
-    `default_collate`, so the function is safe to use with any map-style dataset.
-
-    Args:
-        batch: what the DataLoader fetched.
-
-    Returns:
-        A dict of batched tensors.
-    """
-    if isinstance(batch, SampleBatch):
-        return batch.tensors
-    from torch.utils.data import default_collate
-
-    return default_collate(batch)
+__all__ = ["make_data_loader"]
 
 
 def make_data_loader(
@@ -186,21 +125,3 @@ def make_data_loader(
         persistent_workers=persistent_workers,
         **options,
     )
-
-
-def stack_samples(samples: Sequence[Mapping[str, Any]]) -> dict[str, torch.Tensor]:
-    """Stack per-sample dicts into batched tensors (the fallback of `__getitems__`).
-
-    Args:
-        samples: dicts with the same keys; values are tensors or numpy scalars.
-
-    Returns:
-        One tensor per key, stacked along a new first dimension.
-    """
-    import torch
-
-    if not samples:
-        return {}
-    return {
-        key: torch.stack([torch.as_tensor(sample[key]) for sample in samples]) for key in samples[0]
-    }

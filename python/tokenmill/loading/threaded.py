@@ -21,6 +21,8 @@ from collections.abc import Iterable, Iterator, Sequence, Sized
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
+from tokenmill.serving.batch import collate
+
 __all__ = ["ThreadedBatchLoader"]
 
 
@@ -133,8 +135,6 @@ class ThreadedBatchLoader:
             yield batch
 
     def _fetch(self, batch: list[int]) -> Any:
-        from tokenmill.loading.batch import collate
-
         getitems = getattr(self.dataset, "__getitems__", None)
         fetched = getitems(batch) if getitems is not None else [self.dataset[i] for i in batch]
         result = collate(fetched)

@@ -1,0 +1,130 @@
+"""The batch type of `__getitems__`, the pass-through collate, and index checking.
+
+`GPTDataset.__getitems__(indices)` and `BlendedDataset.__getitems__(indices)` gather a whole
+batch into one tensor per key (`[B, S]` tokens, labels, loss_mask, position_ids, `[B, 1, S, S]`
+attention_mask, `[B, S + 1]` cu_seqlens, `[B]` max_seqlen, `[B]` dataset_id) and return a
+:class:`SampleBatch`: a sequence of per-sample dicts (so torch's `default_collate` and any
+code that iterates a fetched batch keep working) that also carries the stacked tensors.
+
+* torch's `default_collate`: works unchanged, restacking the per-sample views into new stacked
+  tensors (one more copy);
+* :func:`collate`: zero extra work; the batch tensors are passed through as they are.
+
+torch is imported only when these functions run, never by `import tokenmill`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, overload
+
+import numpy as np
+import numpy.typing as npt
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["SampleBatch", "as_index_array", "collate", "stack_samples"]
+
+
+class SampleBatch(Sequence[dict[str, Any]]):
+    """A batch from `__getitems__`: stacked tensors, viewable as a sequence of samples.
+
+    Args:
+        tensors: one tensor per key with the batch as its first dimension.
+        size: the number of samples.
+    """
+
+    __slots__ = ("size", "tensors")
+
+    def __init__(self, tensors: dict[str, torch.Tensor], size: int) -> None:
+        self.tensors = tensors
+        self.size = size
+
+    def __len__(self) -> int:
+        return self.size
+
+    @overload
+    def __getitem__(self, index: int) -> dict[str, Any]: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[dict[str, Any]]: ...
+
+    def __getitem__(self, index: int | slice) -> dict[str, Any] | list[dict[str, Any]]:
+        """Sample `index` as the per-sample dict `__getitem__` returns (views into the batch)."""
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(self.size))]
+        if not -self.size <= index < self.size:
+            raise IndexError(f"sample {index} is out of range for a batch of {self.size}")
+        return {key: value[index] for key, value in self.tensors.items()}
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        for index in range(self.size):
+            yield self[index]
+
+    def __repr__(self) -> str:
+        shapes = ", ".join(f"{key}: {tuple(value.shape)}" for key, value in self.tensors.items())
+        return f"SampleBatch({self.size} samples; {shapes})"
+
+
+def collate(batch: Any) -> Any:
+    """A DataLoader `collate_fn` that passes a :class:`SampleBatch` through as its tensors.
+
+    Anything else (a list of samples from a dataset without `__getitems__`) goes to torch's
+    `default_collate`, so the function is safe to use with any map-style dataset.
+
+    Args:
+        batch: what the DataLoader fetched.
+
+    Returns:
+        A dict of batched tensors.
+    """
+    if isinstance(batch, SampleBatch):
+        return batch.tensors
+    from torch.utils.data import default_collate
+
+    return default_collate(batch)
+
+
+def stack_samples(samples: Sequence[Mapping[str, Any]]) -> dict[str, torch.Tensor]:
+    """Stack per-sample dicts into batched tensors (the fallback of `__getitems__`).
+
+    Args:
+        samples: dicts with the same keys; values are tensors or numpy scalars.
+
+    Returns:
+        One tensor per key, stacked along a new first dimension.
+    """
+    import torch
+
+    if not samples:
+        return {}
+    return {
+        key: torch.stack([torch.as_tensor(sample[key]) for sample in samples]) for key in samples[0]
+    }
+
+
+def as_index_array(
+    indices: Sequence[int | None] | npt.NDArray[np.integer] | Any,
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.bool_] | None]:
+    """Sample indices as int64, and which of them were None (padding samples) if any.
+
+    Raises:
+        TypeError: an index is neither an integer nor None.
+        ValueError: the indices are not one-dimensional.
+    """
+    padding: npt.NDArray[np.bool_] | None = None
+    if isinstance(indices, (list, tuple)):
+        if any(index is None for index in indices):
+            padding = np.array([index is None for index in indices], dtype=bool)
+            indices = [0 if index is None else index for index in indices]
+        array = np.asarray(indices) if len(indices) else np.empty(0, dtype=np.int64)
+    else:
+        array = np.asarray(indices)
+    if array.ndim != 1:
+        raise ValueError(f"sample indices must be one-dimensional, got shape {array.shape}")
+    if array.dtype.kind not in "iu":
+        raise TypeError(f"sample indices must be integers, got {array.dtype}")
+    if array.dtype == np.uint64 and array.shape[0] and int(array.max()) > np.iinfo(np.int64).max:
+        raise IndexError(f"sample index {int(array.max())} is out of range")
+    return np.ascontiguousarray(array, dtype=np.int64), padding

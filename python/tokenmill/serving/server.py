@@ -1,0 +1,157 @@
+"""Serving a batch: allocate the outputs, let datasets fill their rows, collate into tensors.
+
+A dataset is *servable* when it implements :class:`Servable`: it names its `BatchLayout` and
+fills rows of a batch in that layout (GPTDataset with one C++ gather call, PackedDataset with
+another). :class:`BatchServer` does the rest, the same for every dataset:
+
+1. take the batch's arrays from its owner (`tokenmill.serving.buffers`): the reuse pool, one
+   shared-memory block inside a DataLoader worker, or page-locked memory;
+2. ask each dataset to fill its rows (a blend asks each member present in the batch for the rows
+   it supplies; all share one layout), with two gather threads for a batch of 1 MiB or more
+   outside DataLoader workers (`tokenmill.common.threads`);
+3. wrap the arrays as tensors without copying and let the layout build the batch dict;
+4. end the pool's loan of the arrays (their tensors now keep them from being reused).
+
+A server belongs to one process (it is rebuilt after pickling: datasets keep it out of their
+state) and is thread-safe: loader threads may serve batches from one server at once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+import numpy as np
+import numpy.typing as npt
+
+from tokenmill.common import threads
+from tokenmill.serving.buffers import (
+    BufferPool,
+    Buffers,
+    SharedBuffers,
+    allocate,
+    allocate_shared,
+)
+from tokenmill.serving.layout import BatchLayout
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["BatchServer", "Servable"]
+
+# A batch whose outputs reach this size is gathered by _GATHER_THREADS threads.
+_PARALLEL_GATHER_BYTES = threads.PARALLEL_GATHER_BYTES
+_GATHER_THREADS = threads.default_gather_threads()
+
+
+@runtime_checkable
+class Servable(Protocol):
+    """A dataset that `BatchServer` can serve in batches."""
+
+    def batch_layout(self) -> BatchLayout | None:
+        """The layout of this dataset's batches, or None when it cannot fill batch buffers
+        (its batches are then stacked from `__getitem__` samples)."""
+        ...
+
+    def fill_batch(
+        self,
+        indices: npt.NDArray[np.int64],
+        rows: npt.NDArray[np.int64] | None,
+        buffers: Mapping[str, npt.NDArray[Any]],
+        *,
+        num_threads: int = 1,
+    ) -> None:
+        """Write samples `indices` into rows `rows` (None: rows 0..len(indices)-1) of every
+        field of `buffers` (arrays of `batch_layout()`'s fields).
+
+        Raises:
+            IndexError: an index is out of range (nothing is returned; the rows may be
+                partly written).
+        """
+        ...
+
+
+class BatchServer:
+    """The batches of one layout in this process: their buffers and their tensors.
+
+    Args:
+        layout: the layout every dataset this server fills from shares.
+    """
+
+    def __init__(self, layout: BatchLayout) -> None:
+        import torch
+
+        self.torch = torch
+        self.layout = layout
+        self.fields = layout.fields()
+        self.pool = BufferPool()
+        self.worker: bool | None = None
+
+    def in_worker(self) -> bool:
+        """Whether this process is a torch DataLoader worker."""
+        worker = self.worker
+        if worker is None:
+            from torch.utils.data import get_worker_info
+
+            worker = self.worker = get_worker_info() is not None
+        return bool(worker)
+
+    def buffers(self, count: int, *, pin_memory: bool = False) -> Buffers:
+        """Uninitialised `[count, ...]` arrays of every field, lent to the caller until
+        `pool.release` (a no-op for arrays that are not pooled)."""
+        if not pin_memory and self.in_worker():
+            return allocate_shared(self.fields, count, self.torch)
+        if not pin_memory:
+            buffers = self.pool.take(count)
+            if buffers is None:
+                buffers = allocate(self.fields, count, pin_memory=False)
+                self.pool.add(count, buffers)
+            return buffers
+        return allocate(self.fields, count, pin_memory=True, torch=self.torch)
+
+    def gather_threads(self, samples: int, buffers: Buffers) -> int:
+        """Threads for gathering `samples` samples into `buffers`."""
+        if samples > 1 and not self.in_worker():
+            nbytes = sum(array.nbytes for array in buffers.values())
+            if nbytes >= _PARALLEL_GATHER_BYTES:
+                return _GATHER_THREADS
+        return 1
+
+    def tensors(
+        self, buffers: Buffers, padding: npt.NDArray[np.bool_] | None
+    ) -> dict[str, torch.Tensor]:
+        """The batch dict of filled `buffers` (tensors share the arrays' memory)."""
+        from_numpy = self.torch.from_numpy
+        if isinstance(buffers, SharedBuffers):
+            tensors = buffers.views
+        else:
+            tensors = {key: from_numpy(array) for key, array in buffers.items()}
+        return self.layout.collate(tensors, None if padding is None else from_numpy(padding))
+
+    def serve(
+        self,
+        count: int,
+        parts: Iterable[tuple[Servable, npt.NDArray[np.int64], npt.NDArray[np.int64] | None]],
+        *,
+        padding: npt.NDArray[np.bool_] | None = None,
+        pin_memory: bool = False,
+    ) -> dict[str, torch.Tensor]:
+        """A batch of `count` samples.
+
+        Args:
+            count: the batch size.
+            parts: (dataset, its sample indices, the batch rows they go to, None: all rows).
+            padding: `[count]` bool, True for padding samples (None indices), or None.
+            pin_memory: allocate the outputs in page-locked memory.
+
+        Returns:
+            The batch dict of `layout.collate`.
+        """
+        buffers = self.buffers(count, pin_memory=pin_memory)
+        try:
+            for dataset, indices, rows in parts:
+                threads_for_part = self.gather_threads(int(indices.shape[0]), buffers)
+                dataset.fill_batch(indices, rows, buffers, num_threads=threads_for_part)
+            return self.tensors(buffers, padding)
+        finally:
+            self.pool.release(buffers)
