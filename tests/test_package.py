@@ -87,3 +87,24 @@ def test_demo_corpus_ships_inside_the_package() -> None:
     assert len(entries) == 2307
     assert entries[0]["term"] == "(TM)" and entries[-1]["term"] == "zorkmid"
     assert all(entry["text"].startswith(f":{entry['term']}:") for entry in entries)
+
+
+def test_type_stub_names_the_same_modules_as_the_lazy_exports() -> None:
+    """`__init__.pyi` (what type checkers read) and `_EXPORTS` (what `tokenmill.X` imports)
+    agree name by name, and both list exactly `__all__`."""
+    import ast
+    from pathlib import Path
+
+    stub = ast.parse((Path(tokenmill.__file__).parent / "__init__.pyi").read_text())
+    imported: dict[str, str] = {}
+    stub_all: list[str] = []
+    for node in stub.body:
+        if isinstance(node, ast.ImportFrom):
+            for alias in node.names:
+                assert alias.asname == alias.name, alias.name  # an explicit re-export
+                imported[alias.name] = str(node.module)
+        elif isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") == "__all__":
+            stub_all = list(ast.literal_eval(node.value))
+    assert imported == tokenmill._EXPORTS
+    assert sorted(stub_all) == sorted(tokenmill.__all__)
+    assert set(tokenmill.__all__) == set(tokenmill._EXPORTS) | {"__version__"}

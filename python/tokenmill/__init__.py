@@ -1,13 +1,14 @@
 """tokenmill: the data engine between a text corpus and an LLM trainer.
 
 The public API is re-exported here and imported lazily, so ``import tokenmill`` stays cheap
-(no torch, no compiled extension) until a name is first used.
+(no torch, no numpy, no compiled extension) until a name is first used. Type checkers read the
+same names from ``__init__.pyi``; this module imports no other tokenmill module, so the import
+graph (``lint-imports``) never runs from a layer through the package root back to another.
 """
 
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
@@ -128,56 +129,8 @@ __all__ = [  # noqa: RUF022 - grouped like _EXPORTS
     "StaleCacheError",
 ]
 
-if TYPE_CHECKING:
-    from tokenmill.common.world import World
-    from tokenmill.datasets.blended import BlendedDataset
-    from tokenmill.datasets.builder import BlendedMegatronDatasetBuilder
-    from tokenmill.datasets.config import BlendedMegatronDatasetConfig
-    from tokenmill.datasets.gpt import GPTDataset, GPTDatasetConfig, MockGPTDataset
-    from tokenmill.datasets.memory_mapped import MemoryMappedDataset
-    from tokenmill.datasets.mixture import Mixture
-    from tokenmill.datasets.mixture_config import (
-        MixtureConfig,
-        MixtureConfigError,
-        MixturePhase,
-        MixtureSource,
-    )
-    from tokenmill.datasets.nanogpt import NanogptDataset
-    from tokenmill.datasets.packed import PackedDataset, PackingConfig, document_block_mask
-    from tokenmill.datasets.utils import (
-        Split,
-        convert_split_vector_to_split_matrix,
-        get_blend_from_list,
-        normalize,
-        parse_and_normalize_split,
-    )
-    from tokenmill.errors import (
-        CacheError,
-        ChecksumError,
-        DataFormatError,
-        ObjectStorageError,
-        PerformanceWarning,
-        StaleCacheError,
-        TokenmillError,
-    )
-    from tokenmill.formats.bos_index import read_bos_index, write_bos_index
-    from tokenmill.formats.megatron import DType, IndexedDataset, IndexedDatasetBuilder
-    from tokenmill.formats.nanogpt import NanogptShard, NanogptShardWriter, write_nanogpt_shard
-    from tokenmill.formats.token_dir import open_token_file
-    from tokenmill.formats.token_scan import find_token_positions
-    from tokenmill.index.mixture_plan import SourceExhaustedError
-    from tokenmill.loading.batch import make_data_loader
-    from tokenmill.loading.mixture import MixtureDataset, MixtureLoader
-    from tokenmill.loading.threaded import ThreadedBatchLoader
-    from tokenmill.runs.cache_build import build_cache, check_cache
-    from tokenmill.runs.config_file import load_run_config
-    from tokenmill.serving.batch import collate
-    from tokenmill.storage.manifest import Manifest
-    from tokenmill.storage.object_storage import ObjectStorageConfig
-    from tokenmill.storage.transfer import download, publish, start_download
 
-
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> object:
     module_name = _EXPORTS.get(name)
     if module_name is None:
         raise AttributeError(f"module 'tokenmill' has no attribute {name!r}")
