@@ -45,7 +45,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     parser.add_argument("--check", action="store_true", help="verify only; exit 1 on problems")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
-    parser.add_argument("--quiet", action="store_true", help="no progress line")
+    parser.add_argument("--quiet", "-q", action="store_true", help="no progress bar or lines")
     parser.set_defaults(handler=run)
 
 

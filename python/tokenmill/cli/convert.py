@@ -24,6 +24,8 @@ import os
 import sys
 from typing import Any
 
+from tokenmill.common.progress import Progress
+
 EPILOG = """\
 examples:
   tokenmill convert data/corpus_text_document out/nanogpt --to nanogpt --bos-token 50256
@@ -49,30 +51,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument("--eos-token", type=int, help="EOS id: documents end after it")
     parser.add_argument("--dtype", help="dtype of raw .bin sources, or of the Megatron output")
     parser.add_argument("--chunk-tokens", type=int, default=1 << 24, help=argparse.SUPPRESS)
-    parser.add_argument("--quiet", action="store_true", help="no progress line")
+    parser.add_argument("--quiet", "-q", action="store_true", help="no progress bar or lines")
     parser.set_defaults(handler=run)
-
-
-class Progress:
-    """A single stderr line updated in place (no dependency)."""
-
-    def __init__(self, total: int, quiet: bool) -> None:
-        self.total, self.done, self.quiet = total, 0, quiet
-
-    def add(self, count: int) -> None:
-        self.done += count
-        if not self.quiet:
-            percent = 100.0 * self.done / self.total if self.total else 100.0
-            print(
-                f"\rconvert: {self.done:,} / {self.total:,} tokens ({percent:5.1f}%)",
-                end="",
-                file=sys.stderr,
-                flush=True,
-            )
-
-    def close(self) -> None:
-        if not self.quiet:
-            print(file=sys.stderr, flush=True)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -101,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
         remove_staged_prefix(args.dst)
         return status
     except (DataFormatError, ObjectStorageError, FileNotFoundError, ValueError) as error:
-        print(f"\ntokenmill convert: error: {error}", file=sys.stderr)
+        print(f"tokenmill convert: error: {error}", file=sys.stderr)
         return 1
 
 
@@ -115,14 +95,15 @@ def _convert(args: argparse.Namespace) -> int:
 
             args.src = fetch_source(args.src)  # a full pass reads everything: fetch it once
         source = open_source(args.src, args.dtype if args.to != "megatron" else None)
-        progress = Progress(source.token_count, args.quiet)
-        if args.to == "megatron":
-            _to_megatron(source, args, progress)
-        elif args.to == "nanogpt":
-            _to_nanogpt(source, args, progress)
-        else:
-            _to_npy(source, args, progress)
-        progress.close()
+        with Progress(
+            "convert", total=source.token_count, unit="tok", unit_scale=True, enabled=not args.quiet
+        ) as progress:
+            if args.to == "megatron":
+                _to_megatron(source, args, progress)
+            elif args.to == "nanogpt":
+                _to_nanogpt(source, args, progress)
+            else:
+                _to_npy(source, args, progress)
     except (
         DataFormatError,
         ObjectStorageError,
@@ -132,7 +113,7 @@ def _convert(args: argparse.Namespace) -> int:
         ValueError,
         TypeError,
     ) as error:
-        print(f"\ntokenmill convert: error: {error}", file=sys.stderr)
+        print(f"tokenmill convert: error: {error}", file=sys.stderr)
         return 1
     return 0
 
@@ -170,7 +151,7 @@ def _to_megatron(source: Any, args: argparse.Namespace, progress: Progress) -> N
                 )
                 end = int(ends[last - 1])
                 builder.add_documents(shard.tokens[start:end], lengths[first:last])
-                progress.add(end - start)
+                progress.update(end - start)
                 first = last
         builder.finalize(prefix + ".idx")
     except BaseException:
@@ -198,7 +179,7 @@ def _to_nanogpt(source: Any, args: argparse.Namespace, progress: Progress) -> No
             try:
                 for start, end in _chunks(high - low, args.chunk_tokens):
                     writer.write(shard.tokens[low + start : low + end])
-                    progress.add(end - start)
+                    progress.update(end - start)
                 writer.finalize()
             except BaseException:
                 writer.abort()
@@ -221,7 +202,7 @@ def _to_npy(source: Any, args: argparse.Namespace, progress: Progress) -> None:
         try:
             for start, end in _chunks(count, args.chunk_tokens):
                 writer.write(shard.tokens[start:end])
-                progress.add(end - start)
+                progress.update(end - start)
             writer.finalize()
         except BaseException:
             writer.abort()

@@ -11,7 +11,9 @@ kill: finished objects are skipped and partial ones continue where they stopped.
 from __future__ import annotations
 
 import argparse
+import math
 import sys
+import threading
 
 EPILOG = """\
 examples:
@@ -37,11 +39,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument(
         "--part-size-mib", type=int, default=8, help="S3 ranged-read size in MiB (8)"
     )
-    parser.add_argument("--quiet", action="store_true", help="no progress or summary lines")
+    parser.add_argument(
+        "--quiet", "-q", action="store_true", help="no progress bar, per-object or summary lines"
+    )
     parser.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    from tokenmill.common.progress import Progress
     from tokenmill.errors import TokenmillError
     from tokenmill.storage.manifest import Manifest, parse_shard_list
     from tokenmill.storage.transfer import TransferPolicy, download
@@ -59,14 +64,19 @@ def run(args: argparse.Namespace) -> int:
         policy = TransferPolicy(
             workers=args.workers, max_attempts=args.retries, part_bytes=args.part_size_mib << 20
         )
-        done = [0]
+        # in a log: one '[download] N fetched|present KEY' line per object; on a terminal: a bar
+        display = Progress("download", unit="object", enabled=not args.quiet, log_interval=math.inf)
+        counted = threading.Lock()  # called from the download threads
 
         def progress(key: str, what: str) -> None:
-            done[0] += 1
-            if not args.quiet:
-                print(f"[download] {done[0]} {what} {key}", file=sys.stderr, flush=True)
+            with counted:
+                display.update()
+                display.event(f"{int(display.count)} {what} {key}")
 
-        report = download(source, local_dir, policy=policy, progress=progress)
+        try:
+            report = download(source, local_dir, policy=policy, progress=progress)
+        finally:
+            display.close(final_line=False)
     except (OSError, ValueError, TokenmillError, ImportError) as error:
         print(f"tokenmill download: error: {error}", file=sys.stderr)
         return 2

@@ -10,6 +10,7 @@ so an interrupted publish is resumed by running it again; ``manifest.json`` is w
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 
 EPILOG = """\
@@ -36,17 +37,23 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument(
         "--part-size-mib", type=int, default=8, help="multipart part size in MiB (8; S3: >= 5)"
     )
-    parser.add_argument("--quiet", action="store_true", help="no per-object lines")
+    parser.add_argument(
+        "--quiet", "-q", action="store_true", help="no progress bar or per-object lines"
+    )
     parser.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    from tokenmill.common.progress import Progress
     from tokenmill.errors import TokenmillError
     from tokenmill.storage.transfer import TransferPolicy, publish
 
+    # in a log: one '[publish] uploaded|skipped KEY' line per object; on a terminal: a bar
+    display = Progress("publish", unit="object", enabled=not args.quiet, log_interval=math.inf)
+
     def progress(key: str, what: str) -> None:
-        if not args.quiet:
-            print(f"[publish] {what} {key}", file=sys.stderr, flush=True)
+        display.update()
+        display.event(f"{what} {key}")
 
     try:
         config = None
@@ -59,8 +66,10 @@ def run(args: argparse.Namespace) -> int:
             args.paths, args.destination, config=config, policy=policy, progress=progress
         )
     except (OSError, ValueError, TokenmillError, ImportError) as error:
+        display.close(final_line=False)
         print(f"tokenmill publish: error: {error}", file=sys.stderr)
         return 2
+    display.close(final_line=False)
     print(
         f"published {len(report.manifest.objects)} objects "
         f"({report.manifest.total_bytes:,} bytes): {len(report.uploaded)} uploaded "

@@ -92,7 +92,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "(needs --prepend-bos) [megatron]",
     )
     parser.add_argument("--keep-parts", action="store_true", help="keep <output>.parts/")
-    parser.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+    parser.add_argument("--quiet", "-q", action="store_true", help="no progress bar or lines")
     parser.set_defaults(handler=run_tokenize)
 
     merge = subparsers.add_parser(
@@ -109,7 +109,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         action="store_true",
         help="also merge datasets without a .tokenmill.json (not written by tokenmill)",
     )
-    merge.add_argument("--quiet", "-q", action="store_true")
+    merge.add_argument("--quiet", "-q", action="store_true", help="no progress bar or lines")
     merge.set_defaults(handler=run_merge)
 
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import sys
+import threading
 import time
 import warnings
 from collections.abc import Sequence
@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
+from tokenmill.common.progress import Progress, format_duration
 from tokenmill.errors import CacheError, PerformanceWarning
 from tokenmill.index.cache import CacheEvent, CacheSession, IndexCache, cache_session
 from tokenmill.runs.config_file import RunConfig
@@ -177,47 +178,44 @@ def record_path(run: RunConfig, sizes: Sequence[int | None]) -> str:
     return os.path.join(_cache_dir(run), f"{RECORD_PREFIX}{digest}.json")
 
 
-class _ProgressLine:
-    """One status line on stderr, redrawn after each cache entry."""
+class _EntryProgress:
+    """build-cache's progress: one count per cache entry, with the entry last seen::
+
+    [build-cache] 12 entries (3 built) elapsed 0:00:04: built <md5>-GPTDataset-train (0.52 s)
+    """
 
     def __init__(self, enabled: bool, stream: TextIO | None) -> None:
-        self.enabled = enabled
-        self.stream = stream if stream is not None else sys.stderr
-        self.started = time.monotonic()
-        self.events = 0
         self.built = 0
-        self.interactive = bool(getattr(self.stream, "isatty", lambda: False)())
-        # Redrawn in place on a terminal; in a log, one line every few seconds plus the last.
-        self.interval = 0.2 if self.interactive else 5.0
-        self.last_draw = float("-inf")
-        self.last_text = ""
+        self.last = ""
+        self.lock = threading.Lock()  # the builder constructs a blend's members on threads
+        # in a log: the first entry at once, then a line every few seconds, and the last
+        self.display = Progress(
+            "build-cache",
+            unit="entry",
+            status=self.status,
+            postfix=lambda: self.last,
+            enabled=enabled,
+            stream=stream,
+            log_interval=5.0,
+            first_line_now=True,
+        )
+
+    def status(self) -> str:
+        display = self.display
+        return (
+            f"{int(display.count)} entries ({self.built} built) elapsed "
+            f"{format_duration(display.elapsed)}: {self.last}"
+        )
 
     def __call__(self, event: CacheEvent) -> None:
-        from tokenmill.tokenize.progress import format_duration
-
-        self.events += 1
-        self.built += int(event.built)
         what = "built" if event.built else "hit"
-        self.last_text = (
-            f"[build-cache] {self.events} entries ({self.built} built) elapsed "
-            f"{format_duration(time.monotonic() - self.started)}: {what} {event.cache.base} "
-            f"({event.seconds:.2f} s)"
-        )
-        now = time.monotonic()
-        if self.enabled and now - self.last_draw >= self.interval:
-            self.last_draw = now
-            self._draw(final=False)
-
-    def _draw(self, final: bool) -> None:
-        if self.interactive:
-            self.stream.write("\r" + self.last_text + ("\n" if final else "\x1b[K"))
-        else:
-            self.stream.write(self.last_text + "\n")
-        self.stream.flush()
+        with self.lock:
+            self.built += int(event.built)
+            self.last = f"{what} {event.cache.base} ({event.seconds:.2f} s)"
+            self.display.update()
 
     def close(self) -> None:
-        if self.enabled and self.last_text:
-            self._draw(final=True)
+        self.display.close(final_line=bool(self.last))
 
 
 def _walk(run: RunConfig, sizes: list[int | None], session: CacheSession) -> CacheReport:
@@ -355,7 +353,7 @@ def build_cache(
     """
     resolved = _resolve_sizes(run, sizes)
     record = record_path(run, resolved)
-    line = _ProgressLine(progress, stream)
+    line = _EntryProgress(progress, stream)
     session = CacheSession(on_event=line)
     try:
         report = _walk(run, resolved, session)

@@ -19,11 +19,13 @@ import contextlib
 import glob
 import os
 import re
+import sys
 from collections.abc import Sequence
 from typing import Any
 
 import numpy
 
+from tokenmill.common.progress import Progress
 from tokenmill.errors import DataFormatError
 from tokenmill.formats.dataset_sidecar import (
     SIDECAR_SUFFIX,
@@ -97,7 +99,7 @@ def merge_datasets(
         output_prefix: where the merged ``.bin/.idx/.tokenmill.json`` go.
         allow_missing_fingerprint: also merge datasets that have no sidecar (those that have one
             must still agree); the output then gets a sidecar only if every input had one.
-        progress: print one summary line on stderr.
+        progress: report progress (`tokenmill.common.progress`) and one summary line on stderr.
 
     Returns:
         The output's sidecar payload (empty if no input had a fingerprint).
@@ -137,9 +139,15 @@ def merge_datasets(
             os.remove(path)
     os.makedirs(os.path.dirname(output_prefix) or ".", exist_ok=True)
     builder = IndexedDatasetBuilder(get_bin_path(output_prefix), dtype=dtype)
-    for prefix in prefixes:
-        builder.add_index(prefix)
-    builder.finalize(get_idx_path(output_prefix))
+    sizes = [os.path.getsize(get_bin_path(prefix)) for prefix in prefixes]
+    with Progress(
+        "merge", total=sum(sizes), unit="B", unit_scale=True, enabled=progress
+    ) as display:
+        for prefix, size in zip(prefixes, sizes):
+            builder.add_index(prefix)
+            display.update(size)
+        builder.finalize(get_idx_path(output_prefix))
+        display.close(final_line=False)  # the summary line below says it all
 
     merged = IndexedDataset(output_prefix)
     documents = int(merged.document_indices.shape[0]) - 1
@@ -164,8 +172,6 @@ def merge_datasets(
             merged_from=len(prefixes),
         )
     if progress:
-        import sys
-
         sys.stderr.write(
             f"[merge] {len(prefixes)} dataset(s) -> {output_prefix}.bin/.idx: {documents:,} "
             f"documents, {tokens:,} tokens\n"

@@ -582,9 +582,9 @@ def tokenize(config: TokenizeConfig) -> TokenizeResult:
 
     progress = Progress(sum(identity["size"] for _, identity in pending), enabled=config.progress)
     if skipped and config.progress:
-        progress.stream.write(
+        progress.write(
             f"[tokenize] skipped {len(skipped)} completed input(s) of {len(mine)} "
-            f"(parts in {parts_directory})\n"
+            f"(parts in {parts_directory})"
         )
     encoder_spec, delay = config.tokenizer, float(os.environ.get(_DELAY_VARIABLE, "0") or 0)
     executor: Any
@@ -688,10 +688,10 @@ def tokenize(config: TokenizeConfig) -> TokenizeResult:
         if not config.keep_parts:
             shutil.rmtree(parts_directory, ignore_errors=True)
     elif config.progress:
-        progress.stream.write(
+        progress.write(
             f"[tokenize] rank {config.rank}/{config.world_size}: {len(written)} part(s) written, "
             f"{len(skipped)} skipped; when every rank is done run: tokenmill merge "
-            f"{parts_directory} --output {output_prefix}\n"
+            f"{parts_directory} --output {output_prefix}"
         )
     return TokenizeResult(
         output_prefix=result_prefix,
