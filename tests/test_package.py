@@ -108,3 +108,25 @@ def test_type_stub_names_the_same_modules_as_the_lazy_exports() -> None:
     assert imported == tokenmill._EXPORTS
     assert sorted(stub_all) == sorted(tokenmill.__all__)
     assert set(tokenmill.__all__) == set(tokenmill._EXPORTS) | {"__version__"}
+
+
+def test_version_is_written_once() -> None:
+    """pyproject.toml takes the version from `__version__` (scikit-build-core's regex provider),
+    so the installed metadata and the module agree."""
+    from importlib.metadata import version
+    from pathlib import Path
+
+    assert version("tokenmill") == tokenmill.__version__
+    pyproject = Path(__file__).resolve().parents[1] / "pyproject.toml"
+    if not pyproject.is_file():
+        pytest.skip("not run from a source checkout")
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib
+    config = tomllib.loads(pyproject.read_text(encoding="utf-8"))
+    assert "version" not in config["project"] and config["project"]["dynamic"] == ["version"]
+    provider = config["tool"]["scikit-build"]["metadata"]["version"]
+    assert provider["provider"] == "scikit_build_core.metadata.regex"
+    source = pyproject.parent / provider["input"]
+    assert f'__version__ = "{tokenmill.__version__}"' in source.read_text(encoding="utf-8")
