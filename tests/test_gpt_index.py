@@ -189,6 +189,17 @@ def test_num_tokens_per_epoch_checks_indices() -> None:
         num_tokens_per_epoch(sizes, np.array([0.5]))
 
 
+def test_documents_longer_than_int32_are_refused_before_planning() -> None:
+    """Lengths are int32, so no document can decide the sample-index dtype (megatron-core's
+    `max(len(document_index), sizes.max())` rule reduces to the document-index length)."""
+    int32_max = int(np.iinfo(np.int32).max)
+    sizes = np.array([3, int32_max + 1], dtype=np.int64)
+    indices = np.arange(2, dtype=np.int32)
+    for tokens_per_epoch in (None, int32_max + 4):
+        with pytest.raises(OverflowError, match="sequence lengths must fit int32"):
+            plan_gpt_indices(sizes, indices, None, 8, True, True, False, tokens_per_epoch)
+
+
 def test_kernels_reject_bad_arguments() -> None:
     sizes = np.array([3, 4], dtype=np.int32)
     documents = np.array([0, 1], dtype=np.int32)

@@ -26,7 +26,6 @@ class OrderPredictor:
         self.last: int | None = None
         self.run_start: int | None = None
         self.run_length = 0
-        self.previous_run_start: int | None = None
         self.jump: int | None = None
         self.period: int | None = None
 
@@ -40,7 +39,6 @@ class OrderPredictor:
                 # a new run: learn the jump and the length of the run that ended
                 self.jump = jump if jump > self.run_length else None
                 self.period = self.run_length
-            self.previous_run_start = self.run_start
             self.run_start = index
             self.run_length = 1
         self.last = index

@@ -14,8 +14,9 @@ Megatron facts reproduced here:
 * sample count: (E*T - extra) // S, or, when the partial last sample is kept, ceil computed in
   single precision (float32(E*T - extra) / float32(S)), which can overcount by one above 2^24
   tokens; `exact_sample_count=True` uses the exact integer ceil instead;
-* dtypes: sample_index int32 unless len(document_index) or the longest document exceeds
-  2^31 - 1 (then int64); shuffle_index uint32 unless num_samples >= 2^32 - 2 (then int64);
+* dtypes: sample_index int32 unless len(document_index) exceeds 2^31 - 1 (then int64;
+  megatron-core also checks the longest document, which cannot exceed it: document lengths are
+  int32 in both libraries); shuffle_index uint32 unless num_samples >= 2^32 - 2 (then int64);
   document_index always int32.
 """
 
@@ -51,6 +52,7 @@ def as_document_ids(indices: npt.ArrayLike, name: str = "indexed_indices") -> np
 
 
 def as_sizes(sizes: npt.ArrayLike) -> npt.NDArray[np.int32]:
+    """Document lengths as a C-contiguous int32 array (range-checked)."""
     array = np.asarray(sizes)
     if array.dtype != np.int32:
         if array.size and (array.min() < 0 or array.max() > _INT32_MAX):
@@ -130,6 +132,7 @@ def plan_gpt_indices(
     if num_samples is not None and num_samples < 0:
         raise ValueError(f"num_samples must be >= 0 or None, got {num_samples}")
     extra = 1 if add_extra_token else 0
+    sizes = as_sizes(sizes)  # OverflowError for a document longer than 2^31 - 1
     if tokens_per_epoch is None:
         tokens_per_epoch = num_tokens_per_epoch(sizes, indices)
     requested = 0 if num_samples is None else num_samples * sequence_length + extra
@@ -158,10 +161,11 @@ def plan_gpt_indices(
         drop_last_partial_sequence,
         exact_sample_count,
     )
-    longest = int(sizes.max()) if sizes.size else 0
     num_documents = int(indices.shape[0])
+    # megatron-core also switches when the longest document exceeds 2^31 - 1; document lengths
+    # are int32 here (checked above), so only the document-index length can.
     sample_dtype: type[np.integer] = (
-        np.int32 if max(num_documents * num_epochs, longest) <= _INT32_MAX else np.int64
+        np.int32 if num_documents * num_epochs <= _INT32_MAX else np.int64
     )
     shuffle_dtype: type[np.integer] = np.uint32 if total_samples < _UINT32_MAX - 1 else np.int64
     return GptIndexPlan(
