@@ -21,12 +21,12 @@ from hypothesis import strategies as st
 from tokenmill.errors import DataFormatError, TokenizerMismatchError
 from tokenmill.formats.dataset_sidecar import check_tokenizer, read_sidecar, sidecar_path
 from tokenmill.formats.megatron import IndexedDataset
+from tokenmill.tokenize.encode import window_bounds
 from tokenmill.tokenize.merge import find_prefixes, merge_datasets
 from tokenmill.tokenize.pipeline import (
     TokenizeConfig,
     resolve_rank,
     tokenize,
-    window_bounds,
 )
 from tokenmill.tokenize.progress import Progress
 from tokenmill.tokenize.readers import ReadOptions, expand_inputs, read_documents

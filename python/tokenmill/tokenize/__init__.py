@@ -23,7 +23,7 @@ _EXPORTS: dict[str, str] = {
     "TokenizeConfig": "tokenmill.tokenize.pipeline",
     "TokenizeResult": "tokenmill.tokenize.pipeline",
     "tokenize": "tokenmill.tokenize.pipeline",
-    "window_bounds": "tokenmill.tokenize.pipeline",
+    "window_bounds": "tokenmill.tokenize.encode",
     "merge_datasets": "tokenmill.tokenize.merge",
     "check_tokenizer": "tokenmill.formats.dataset_sidecar",
     "check_compatible": "tokenmill.formats.dataset_sidecar",
@@ -56,13 +56,9 @@ __all__ = [
 
 if TYPE_CHECKING:
     from tokenmill.formats.dataset_sidecar import check_compatible, check_tokenizer, read_sidecar
+    from tokenmill.tokenize.encode import window_bounds
     from tokenmill.tokenize.merge import merge_datasets
-    from tokenmill.tokenize.pipeline import (
-        TokenizeConfig,
-        TokenizeResult,
-        tokenize,
-        window_bounds,
-    )
+    from tokenmill.tokenize.pipeline import TokenizeConfig, TokenizeResult, tokenize
     from tokenmill.tokenize.readers import ReadOptions, expand_inputs, read_documents
     from tokenmill.tokenize.streaming import ParquetTokenLoader, ParquetTokenStream
     from tokenmill.tokenize.tokenizers import (

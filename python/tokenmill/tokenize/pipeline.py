@@ -7,7 +7,7 @@ Algorithm:
    (a Megatron ``.bin/.idx`` plus a ``.tokenmill.json`` record).
 2. The parent streams each pending input as ordered chunks (:mod:`tokenmill.tokenize.readers`)
    to a pool of ``workers`` processes (0: in this process). Each worker parses and encodes its
-   chunk (BOS/EOD, windowing, dtype) and returns flat arrays. At most ``2 * workers + 2`` chunks
+   chunk (BOS/EOD, windowing, dtype; :mod:`tokenmill.tokenize.encode`) and returns flat arrays. At most ``2 * workers + 2`` chunks
    are in flight, so memory stays bounded whatever the input size; results are consumed in
    submission order, so the bytes written do not depend on the worker count.
 3. A part's ``.bin`` and ``.idx`` go to temporary names and are renamed when the input is done;
@@ -40,236 +40,43 @@ import os
 import shutil
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy
-import numpy.typing as npt
 
 from tokenmill.errors import DataFormatError
 from tokenmill.formats.dataset_sidecar import read_sidecar, sidecar_path, write_sidecar
 from tokenmill.formats.megatron import DType, IndexedDatasetBuilder, get_bin_path, get_idx_path
-from tokenmill.tokenize.progress import Progress
-from tokenmill.tokenize.readers import (
-    Chunk,
-    ReadOptions,
-    expand_inputs,
-    file_identity,
-    iter_chunks,
-    parse_chunk,
+from tokenmill.tokenize.encode import (
+    Encoded,
+    EncodeOptions,
+    Encoder,
+    InlineExecutor,
+    encode_in_worker,
+    initialize_worker,
+    process_context,
+    window_bounds,
 )
+from tokenmill.tokenize.progress import Progress
+from tokenmill.tokenize.readers import ReadOptions, expand_inputs, file_identity, iter_chunks
 from tokenmill.tokenize.tokenizers import Tokenizer, TokenizerSpec
 
 __all__ = [
     "OUTPUT_FORMATS",
-    "EncodeOptions",
-    "Encoded",
     "TokenizeConfig",
     "TokenizeResult",
-    "encode_documents",
     "part_prefix",
     "resolve_rank",
     "tokenize",
-    "window_bounds",
 ]
 
 OUTPUT_FORMATS = ("megatron", "nanogpt")
 
 # Test hook: seconds to sleep after each chunk is written, so a test can SIGKILL a run mid-way.
 _DELAY_VARIABLE = "TOKENMILL_TEST_DELAY_AFTER_CHUNK"
-
-
-def window_bounds(length: int, window: int, overlap: int) -> list[tuple[int, int]]:
-    """The ``[start, end)`` windows of a sequence of ``length`` tokens.
-
-    Windows hold at most ``window`` tokens; each starts ``overlap`` tokens before the previous
-    one ended (GPT-Simple's rule), the last one ends at ``length``. A sequence that fits is one
-    window; an empty one has none.
-
-    Raises:
-        ValueError: ``window < 1``, ``overlap < 0`` or ``overlap > window // 2``.
-    """
-    if window < 1:
-        raise ValueError(f"window must be >= 1, got {window}")
-    if not 0 <= overlap <= window // 2:
-        raise ValueError(f"overlap must be in [0, window // 2 = {window // 2}], got {overlap}")
-    bounds: list[tuple[int, int]] = []
-    start = 0
-    while start < length:
-        end = min(start + window, length)
-        bounds.append((start, end))
-        if end == length:
-            break
-        start = end - overlap
-    return bounds
-
-
-@dataclass(frozen=True)
-class EncodeOptions:
-    """What a worker needs besides the tokenizer: how to read and how to shape documents."""
-
-    read: ReadOptions
-    dtype: str
-    vocab_size: int
-    bos_id: int | None
-    eod_id: int | None
-    prepend_bos: bool = False
-    append_eod: bool = True
-    window: int | None = None
-    overlap: int = 0
-
-
-@dataclass
-class Encoded:
-    """The encoded documents of one chunk, ready for ``IndexedDatasetBuilder.add_documents``."""
-
-    tokens: npt.NDArray[Any]
-    sequence_lengths: npt.NDArray[numpy.int64]
-    sequences_per_document: npt.NDArray[numpy.int64]
-    text_bytes: int
-    source_bytes: int = 0
-
-    @property
-    def documents(self) -> int:
-        """The number of documents."""
-        return int(self.sequences_per_document.shape[0])
-
-
-def encode_documents(
-    texts: list[str], tokenizer: Tokenizer, options: EncodeOptions, where: str = "input"
-) -> Encoded:
-    """Encode documents into flat tokens with per-sequence and per-document counts.
-
-    Raises:
-        ValueError: the tokenizer produced an id outside its vocabulary.
-    """
-    dtype = numpy.dtype(options.dtype)
-    arrays = tokenizer.encode_batch(texts) if texts else []
-    bos = [options.bos_id] if options.prepend_bos else []
-    eod = [options.eod_id] if options.append_eod else []
-    extra = len(bos) + len(eod)
-    # first pass: the sequence lengths, so the output is allocated once
-    lengths: list[int] = []
-    per_document: list[int] = []
-    layouts: list[list[tuple[int, int]] | None] = []
-    for array in arrays:
-        size = int(array.shape[0])
-        if size == 0:  # megatron's preprocess_data.py: no tokens, no EOD, no sequence
-            per_document.append(0)
-            layouts.append(None)
-            continue
-        if int(array.max()) >= options.vocab_size or int(array.min()) < 0:
-            raise ValueError(
-                f"{where}: tokenizer {tokenizer.describe()} produced id {int(array.max())}, "
-                f"outside its vocabulary of {options.vocab_size}"
-            )
-        count = size + extra
-        if options.window is None or count <= options.window:
-            lengths.append(count)
-            per_document.append(1)
-            layouts.append(None)
-        else:
-            windows = window_bounds(count, options.window, options.overlap)
-            lengths.extend(end - begin for begin, end in windows)
-            per_document.append(len(windows))
-            layouts.append(windows)
-    tokens = numpy.empty(sum(lengths), dtype=dtype)
-    position = 0
-    for array, bounds in zip(arrays, layouts):
-        size = int(array.shape[0])
-        if size == 0:
-            continue
-        if bounds is None:
-            if bos:
-                tokens[position] = bos[0]
-            tokens[position + len(bos) : position + len(bos) + size] = array
-            if eod:
-                tokens[position + len(bos) + size] = eod[0]
-            position += size + extra
-            continue
-        document = numpy.concatenate(
-            [numpy.asarray(bos, dtype=dtype), array.astype(dtype), numpy.asarray(eod, dtype=dtype)]
-        )
-        for begin, end in bounds:
-            tokens[position : position + end - begin] = document[begin:end]
-            position += end - begin
-    return Encoded(
-        tokens=tokens,
-        sequence_lengths=numpy.asarray(lengths, dtype=numpy.int64),
-        sequences_per_document=numpy.asarray(per_document, dtype=numpy.int64),
-        text_bytes=sum(len(text.encode("utf-8")) for text in texts),
-    )
-
-
-class _Encoder:
-    """A loaded tokenizer plus options: turns a chunk into an :class:`Encoded`."""
-
-    def __init__(self, spec: TokenizerSpec, options: EncodeOptions) -> None:
-        self.tokenizer = spec.load()
-        self.options = options
-
-    def __call__(self, chunk: Chunk) -> Encoded:
-        texts = parse_chunk(chunk, self.options.read)
-        encoded = encode_documents(texts, self.tokenizer, self.options, chunk.path)
-        encoded.source_bytes = chunk.source_bytes
-        return encoded
-
-
-_WORKER_ENCODER: _Encoder | None = None
-
-
-def _initialize_worker(spec: TokenizerSpec, options: EncodeOptions) -> None:
-    # one process per core: the tokenizers' own thread pools would only oversubscribe
-    os.environ["TOKENIZERS_PARALLELISM"] = "false"
-    os.environ["RAYON_NUM_THREADS"] = "1"
-    os.environ["OMP_NUM_THREADS"] = "1"
-    global _WORKER_ENCODER
-    _WORKER_ENCODER = _Encoder(spec, options)
-
-
-def _encode_in_worker(chunk: Chunk) -> Encoded:
-    if _WORKER_ENCODER is None:  # pragma: no cover - the initializer always runs first
-        raise RuntimeError("worker was not initialized")
-    return _WORKER_ENCODER(chunk)
-
-
-class _InlineExecutor:
-    """The executor interface, running each task at once in this process (``workers=0``)."""
-
-    def __init__(self, encoder: _Encoder) -> None:
-        self._encoder = encoder
-
-    def submit(self, function: Callable[[Chunk], Encoded], chunk: Chunk) -> Future[Encoded]:
-        del function
-        future: Future[Encoded] = Future()
-        try:
-            future.set_result(self._encoder(chunk))
-        except BaseException as error:
-            future.set_exception(error)
-        return future
-
-    def shutdown(self, wait: bool = True, cancel_futures: bool = False) -> None:
-        del wait, cancel_futures
-
-
-def _process_context() -> Any:
-    """The start method of the worker processes.
-
-    fork while no other Python thread runs, on Python < 3.12: fast, and it works from any
-    ``__main__`` (stdin, notebooks). Otherwise forkserver (Python 3.12 warns about forking a
-    process with threads, and numpy's BLAS pool counts): its workers import what they need, so
-    a script that starts a run must guard it with ``if __name__ == "__main__":``.
-    """
-    import multiprocessing
-    import sys
-    import threading
-
-    methods = multiprocessing.get_all_start_methods()
-    if "fork" in methods and sys.version_info < (3, 12) and threading.active_count() == 1:
-        return multiprocessing.get_context("fork")
-    return multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
 
 
 def resolve_rank(rank: int | None, world_size: int | None) -> tuple[int, int]:
@@ -530,6 +337,47 @@ def tokenize(config: TokenizeConfig) -> TokenizeResult:
             "its .bos.idx lists them"
         )
     started = time.perf_counter()
+    tokenizer = _load_tokenizer(config)
+    run = _Run.plan(config, tokenizer)
+    progress = Progress(
+        sum(identity["size"] for _, identity in run.pending), enabled=config.progress
+    )
+    if run.skipped and config.progress:
+        progress.write(
+            f"[tokenize] skipped {len(run.skipped)} completed input(s) of {len(run.mine)} "
+            f"(parts in {run.parts_directory})"
+        )
+    written, totals = _write_parts(config, run, progress)
+    progress.close()
+
+    result_prefix: str | None = None
+    if config.world_size == 1:
+        _assemble(config, run, tokenizer)
+        result_prefix = run.output_prefix
+    elif config.progress:
+        progress.write(
+            f"[tokenize] rank {config.rank}/{config.world_size}: {len(written)} part(s) written, "
+            f"{len(run.skipped)} skipped; when every rank is done run: tokenmill merge "
+            f"{run.parts_directory} --output {run.output_prefix}"
+        )
+    return TokenizeResult(
+        output_prefix=result_prefix,
+        parts=written,
+        skipped=run.skipped,
+        documents=totals["documents"],
+        tokens=totals["tokens"],
+        text_bytes=totals["text_bytes"],
+        seconds=time.perf_counter() - started,
+        fingerprint=run.fingerprint,
+    )
+
+
+def _load_tokenizer(config: TokenizeConfig) -> Tokenizer:
+    """The configured tokenizer, with every special id the options need.
+
+    Raises:
+        ValueError: the tokenizer lacks a BOS/EOD id that the options need.
+    """
     tokenizer = config.tokenizer.load()
     for wanted, name, value in (
         (config.prepend_bos, "BOS (prepend_bos)", tokenizer.bos_id),
@@ -541,123 +389,130 @@ def tokenize(config: TokenizeConfig) -> TokenizeResult:
                 f"tokenizer {tokenizer.describe()} has no {name} token; name one with "
                 "--bos-token/--eod-token or switch the option off"
             )
-    fingerprint = tokenizer.fingerprint()
-    dtype = numpy.dtype(DType.optimal_dtype(tokenizer.vocab_size)).name
-    options = EncodeOptions(
-        read=config.read,
-        dtype=dtype,
-        vocab_size=tokenizer.vocab_size,
-        bos_id=tokenizer.bos_id,
-        eod_id=tokenizer.eod_id,
-        prepend_bos=config.prepend_bos,
-        append_eod=config.append_eod,
-        window=config.window,
-        overlap=config.overlap,
-    )
-    job = _job_key(fingerprint, options, config.output_format)
-    option_fields = {
-        "prepend_bos": config.prepend_bos,
-        "append_eod": config.append_eod,
-        "window": config.window,
-        "overlap": config.overlap,
-    }
+    return tokenizer
 
-    files = expand_inputs(config.inputs)
-    count = len(files)
-    output_prefix = os.path.abspath(config.output_prefix)
-    parts_directory = output_prefix + ".parts"
-    os.makedirs(parts_directory, exist_ok=True)
 
-    mine = [index for index in range(count) if index % config.world_size == config.rank]
-    pending: list[tuple[int, dict[str, Any]]] = []
-    skipped: list[str] = []
-    for index in mine:
-        identity = file_identity(files[index])
-        prefix = part_prefix(parts_directory, index, count)
-        if _part_is_done(prefix, identity, job):
-            skipped.append(files[index])
-        else:
-            _remove_leftovers(prefix)
-            pending.append((index, identity))
+@dataclass
+class _Run:
+    """One rank's work: the job identity and which of its inputs still need a part."""
 
-    progress = Progress(sum(identity["size"] for _, identity in pending), enabled=config.progress)
-    if skipped and config.progress:
-        progress.write(
-            f"[tokenize] skipped {len(skipped)} completed input(s) of {len(mine)} "
-            f"(parts in {parts_directory})"
+    fingerprint: dict[str, Any]
+    options: EncodeOptions
+    job: str
+    option_fields: dict[str, Any]
+    files: list[str]
+    output_prefix: str
+    parts_directory: str
+    mine: list[int]
+    pending: list[tuple[int, dict[str, Any]]]
+    skipped: list[str]
+
+    @classmethod
+    def plan(cls, config: TokenizeConfig, tokenizer: Tokenizer) -> _Run:
+        """The job key, the parts directory (created), and this rank's pending inputs; the
+        leftovers of a killed run are removed from every pending part."""
+        fingerprint = tokenizer.fingerprint()
+        options = EncodeOptions(
+            read=config.read,
+            dtype=numpy.dtype(DType.optimal_dtype(tokenizer.vocab_size)).name,
+            vocab_size=tokenizer.vocab_size,
+            bos_id=tokenizer.bos_id,
+            eod_id=tokenizer.eod_id,
+            prepend_bos=config.prepend_bos,
+            append_eod=config.append_eod,
+            window=config.window,
+            overlap=config.overlap,
         )
-    encoder_spec, delay = config.tokenizer, float(os.environ.get(_DELAY_VARIABLE, "0") or 0)
+        job = _job_key(fingerprint, options, config.output_format)
+        files = expand_inputs(config.inputs)
+        output_prefix = os.path.abspath(config.output_prefix)
+        parts_directory = output_prefix + ".parts"
+        os.makedirs(parts_directory, exist_ok=True)
+        mine = [index for index in range(len(files)) if index % config.world_size == config.rank]
+        pending: list[tuple[int, dict[str, Any]]] = []
+        skipped: list[str] = []
+        for index in mine:
+            identity = file_identity(files[index])
+            prefix = part_prefix(parts_directory, index, len(files))
+            if _part_is_done(prefix, identity, job):
+                skipped.append(files[index])
+            else:
+                _remove_leftovers(prefix)
+                pending.append((index, identity))
+        option_fields = {
+            "prepend_bos": config.prepend_bos,
+            "append_eod": config.append_eod,
+            "window": config.window,
+            "overlap": config.overlap,
+        }
+        return cls(
+            fingerprint=fingerprint,
+            options=options,
+            job=job,
+            option_fields=option_fields,
+            files=files,
+            output_prefix=output_prefix,
+            parts_directory=parts_directory,
+            mine=mine,
+            pending=pending,
+            skipped=skipped,
+        )
+
+    def part(self, index: int) -> str:
+        """The prefix of input `index`'s part."""
+        return part_prefix(self.parts_directory, index, len(self.files))
+
+
+def _write_parts(
+    config: TokenizeConfig, run: _Run, progress: Progress
+) -> tuple[list[str], dict[str, int]]:
+    """Encode every pending input on the workers and write its part, in input order.
+
+    Returns:
+        The parts written and the totals (documents, tokens, text bytes).
+    """
+    delay = float(os.environ.get(_DELAY_VARIABLE, "0") or 0)
     executor: Any
     if config.workers == 0:
-        executor = _InlineExecutor(_Encoder(encoder_spec, options))
+        executor = InlineExecutor(Encoder(config.tokenizer, run.options))
     else:
         executor = ProcessPoolExecutor(
             max_workers=config.workers,
-            mp_context=_process_context(),
-            initializer=_initialize_worker,
-            initargs=(encoder_spec, options),
+            mp_context=process_context(),
+            initializer=initialize_worker,
+            initargs=(config.tokenizer, run.options),
         )
     window = 2 * config.workers + 2
 
     def jobs() -> Iterator[tuple[int, Future[Encoded] | None]]:
-        for index, _ in pending:
-            for chunk in iter_chunks(files[index], config.read):
-                yield index, executor.submit(_encode_in_worker, chunk)
+        for index, _ in run.pending:
+            for chunk in iter_chunks(run.files[index], config.read):
+                yield index, executor.submit(encode_in_worker, chunk)
             yield index, None  # end of this input
 
     totals = {"documents": 0, "tokens": 0, "text_bytes": 0}
-    builders: dict[int, IndexedDatasetBuilder] = {}
-    counts: dict[int, dict[str, int]] = {}
+    writers: dict[int, _PartWriter] = {}
     written: list[str] = []
+    identities = dict(run.pending)
+
+    def consume(index: int, future: Future[Encoded] | None) -> None:
+        if index not in writers:
+            writers[index] = _PartWriter(run.part(index), run.options.dtype)
+        if future is None:  # the input is done
+            written.append(writers.pop(index).finish(run, identities[index]))
+            return
+        encoded = future.result()
+        writers[index].add(encoded)
+        tokens = int(encoded.tokens.shape[0])
+        progress.update(encoded.documents, tokens, encoded.text_bytes, encoded.source_bytes)
+        totals["documents"] += encoded.documents
+        totals["tokens"] += tokens
+        totals["text_bytes"] += encoded.text_bytes
+        if delay:
+            time.sleep(delay)
+
     try:
         inflight: deque[tuple[int, Future[Encoded] | None]] = deque()
-
-        def consume(index: int, future: Future[Encoded] | None) -> None:
-            prefix = part_prefix(parts_directory, index, count)
-            if index not in builders:
-                builders[index] = IndexedDatasetBuilder(
-                    get_bin_path(prefix), dtype=numpy.dtype(dtype)
-                )
-                counts[index] = {"documents": 0, "sequences": 0, "tokens": 0}
-            builder = builders[index]
-            if future is not None:
-                encoded = future.result()
-                builder.add_documents(
-                    encoded.tokens, encoded.sequence_lengths, encoded.sequences_per_document
-                )
-                part = counts[index]
-                part["documents"] += encoded.documents
-                part["sequences"] += int(encoded.sequence_lengths.shape[0])
-                part["tokens"] += int(encoded.tokens.shape[0])
-                progress.update(
-                    encoded.documents,
-                    int(encoded.tokens.shape[0]),
-                    encoded.text_bytes,
-                    encoded.source_bytes,
-                )
-                totals["documents"] += encoded.documents
-                totals["tokens"] += int(encoded.tokens.shape[0])
-                totals["text_bytes"] += encoded.text_bytes
-                if delay:
-                    time.sleep(delay)
-                return
-            builder.finalize(get_idx_path(prefix))
-            del builders[index]
-            identity = dict(pending_identity[index])
-            write_sidecar(
-                prefix,
-                fingerprint,
-                job=job,
-                inputs=[identity],
-                options=option_fields,
-                dtype=dtype,
-                bin_bytes=os.path.getsize(get_bin_path(prefix)),
-                idx_bytes=os.path.getsize(get_idx_path(prefix)),
-                **counts.pop(index),
-            )
-            written.append(prefix)
-
-        pending_identity = dict(pending)
         for item in jobs():
             inflight.append(item)
             while len(inflight) > window:
@@ -666,40 +521,59 @@ def tokenize(config: TokenizeConfig) -> TokenizeResult:
             consume(*inflight.popleft())
     except BaseException:
         executor.shutdown(wait=False, cancel_futures=True)
-        builders.clear()  # abandoned builders delete their temporary .bin
+        writers.clear()  # abandoned builders delete their temporary .bin
         raise
     executor.shutdown(wait=True)
-    progress.close()
+    return written, totals
 
-    result_prefix: str | None = None
-    if config.world_size == 1:
-        from tokenmill.tokenize.merge import merge_datasets
 
-        all_parts = [part_prefix(parts_directory, index, count) for index in range(count)]
-        if config.output_format == "nanogpt":
-            assert tokenizer.bos_id is not None  # checked above
-            merged = os.path.join(parts_directory, "merged")
-            merge_datasets(all_parts, merged, progress=config.progress)
-            write_nanogpt_output(merged, output_prefix, tokenizer.bos_id)
-            shutil.copyfile(sidecar_path(merged), sidecar_path(output_prefix))
-        else:
-            merge_datasets(all_parts, output_prefix, progress=config.progress)
-        result_prefix = output_prefix
-        if not config.keep_parts:
-            shutil.rmtree(parts_directory, ignore_errors=True)
-    elif config.progress:
-        progress.write(
-            f"[tokenize] rank {config.rank}/{config.world_size}: {len(written)} part(s) written, "
-            f"{len(skipped)} skipped; when every rank is done run: tokenmill merge "
-            f"{parts_directory} --output {output_prefix}"
+class _PartWriter:
+    """One input's part: its ``.bin/.idx`` builder and counts, then its sidecar record."""
+
+    def __init__(self, prefix: str, dtype: str) -> None:
+        self.prefix = prefix
+        self.builder = IndexedDatasetBuilder(get_bin_path(prefix), dtype=numpy.dtype(dtype))
+        self.counts = {"documents": 0, "sequences": 0, "tokens": 0}
+
+    def add(self, encoded: Encoded) -> None:
+        self.builder.add_documents(
+            encoded.tokens, encoded.sequence_lengths, encoded.sequences_per_document
         )
-    return TokenizeResult(
-        output_prefix=result_prefix,
-        parts=written,
-        skipped=skipped,
-        documents=totals["documents"],
-        tokens=totals["tokens"],
-        text_bytes=totals["text_bytes"],
-        seconds=time.perf_counter() - started,
-        fingerprint=fingerprint,
-    )
+        self.counts["documents"] += encoded.documents
+        self.counts["sequences"] += int(encoded.sequence_lengths.shape[0])
+        self.counts["tokens"] += int(encoded.tokens.shape[0])
+
+    def finish(self, run: _Run, identity: dict[str, Any]) -> str:
+        """Finalize the ``.bin/.idx``, then write the record that marks the part done."""
+        prefix = self.prefix
+        self.builder.finalize(get_idx_path(prefix))
+        write_sidecar(
+            prefix,
+            run.fingerprint,
+            job=run.job,
+            inputs=[dict(identity)],
+            options=run.option_fields,
+            dtype=run.options.dtype,
+            bin_bytes=os.path.getsize(get_bin_path(prefix)),
+            idx_bytes=os.path.getsize(get_idx_path(prefix)),
+            **self.counts,
+        )
+        return prefix
+
+
+def _assemble(config: TokenizeConfig, run: _Run, tokenizer: Tokenizer) -> None:
+    """Merge every part into the output (one rank: all parts are this run's) and remove the
+    parts directory unless asked to keep it."""
+    from tokenmill.tokenize.merge import merge_datasets
+
+    all_parts = [run.part(index) for index in range(len(run.files))]
+    if config.output_format == "nanogpt":
+        assert tokenizer.bos_id is not None  # checked by _load_tokenizer
+        merged = os.path.join(run.parts_directory, "merged")
+        merge_datasets(all_parts, merged, progress=config.progress)
+        write_nanogpt_output(merged, run.output_prefix, tokenizer.bos_id)
+        shutil.copyfile(sidecar_path(merged), sidecar_path(run.output_prefix))
+    else:
+        merge_datasets(all_parts, run.output_prefix, progress=config.progress)
+    if not config.keep_parts:
+        shutil.rmtree(run.parts_directory, ignore_errors=True)

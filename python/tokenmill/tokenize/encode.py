@@ -1,0 +1,229 @@
+"""Encoding one chunk of documents: tokenizer ids to flat arrays, in the tokenize workers.
+
+A worker process (or the parent with ``workers=0``) parses a chunk of an input file
+(:mod:`tokenmill.tokenize.readers`), encodes its documents in one ``encode_batch`` call, adds
+BOS/EOD, splits documents longer than ``window`` tokens into overlapping windows and returns one
+flat token array with per-sequence and per-document counts, ready for
+``IndexedDatasetBuilder.add_documents``. Output is allocated once per chunk (a first pass
+computes the sequence lengths). The pipeline (:mod:`tokenmill.tokenize.pipeline`) decides which
+chunks go where and writes the results in order.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any
+
+import numpy
+import numpy.typing as npt
+
+from tokenmill.tokenize.readers import Chunk, ReadOptions, parse_chunk
+from tokenmill.tokenize.tokenizers import Tokenizer, TokenizerSpec
+
+__all__ = [
+    "EncodeOptions",
+    "Encoded",
+    "Encoder",
+    "InlineExecutor",
+    "encode_documents",
+    "encode_in_worker",
+    "initialize_worker",
+    "process_context",
+    "window_bounds",
+]
+
+
+def window_bounds(length: int, window: int, overlap: int) -> list[tuple[int, int]]:
+    """The ``[start, end)`` windows of a sequence of ``length`` tokens.
+
+    Windows hold at most ``window`` tokens; each starts ``overlap`` tokens before the previous
+    one ended (GPT-Simple's rule), the last one ends at ``length``. A sequence that fits is one
+    window; an empty one has none.
+
+    Raises:
+        ValueError: ``window < 1``, ``overlap < 0`` or ``overlap > window // 2``.
+    """
+    if window < 1:
+        raise ValueError(f"window must be >= 1, got {window}")
+    if not 0 <= overlap <= window // 2:
+        raise ValueError(f"overlap must be in [0, window // 2 = {window // 2}], got {overlap}")
+    bounds: list[tuple[int, int]] = []
+    start = 0
+    while start < length:
+        end = min(start + window, length)
+        bounds.append((start, end))
+        if end == length:
+            break
+        start = end - overlap
+    return bounds
+
+
+@dataclass(frozen=True)
+class EncodeOptions:
+    """What a worker needs besides the tokenizer: how to read and how to shape documents."""
+
+    read: ReadOptions
+    dtype: str
+    vocab_size: int
+    bos_id: int | None
+    eod_id: int | None
+    prepend_bos: bool = False
+    append_eod: bool = True
+    window: int | None = None
+    overlap: int = 0
+
+
+@dataclass
+class Encoded:
+    """The encoded documents of one chunk, ready for ``IndexedDatasetBuilder.add_documents``."""
+
+    tokens: npt.NDArray[Any]
+    sequence_lengths: npt.NDArray[numpy.int64]
+    sequences_per_document: npt.NDArray[numpy.int64]
+    text_bytes: int
+    source_bytes: int = 0
+
+    @property
+    def documents(self) -> int:
+        """The number of documents."""
+        return int(self.sequences_per_document.shape[0])
+
+
+def encode_documents(
+    texts: list[str], tokenizer: Tokenizer, options: EncodeOptions, where: str = "input"
+) -> Encoded:
+    """Encode documents into flat tokens with per-sequence and per-document counts.
+
+    Raises:
+        ValueError: the tokenizer produced an id outside its vocabulary.
+    """
+    dtype = numpy.dtype(options.dtype)
+    arrays = tokenizer.encode_batch(texts) if texts else []
+    bos = [options.bos_id] if options.prepend_bos else []
+    eod = [options.eod_id] if options.append_eod else []
+    extra = len(bos) + len(eod)
+    # first pass: the sequence lengths, so the output is allocated once
+    lengths: list[int] = []
+    per_document: list[int] = []
+    layouts: list[list[tuple[int, int]] | None] = []
+    for array in arrays:
+        size = int(array.shape[0])
+        if size == 0:  # megatron's preprocess_data.py: no tokens, no EOD, no sequence
+            per_document.append(0)
+            layouts.append(None)
+            continue
+        if int(array.max()) >= options.vocab_size or int(array.min()) < 0:
+            raise ValueError(
+                f"{where}: tokenizer {tokenizer.describe()} produced id {int(array.max())}, "
+                f"outside its vocabulary of {options.vocab_size}"
+            )
+        count = size + extra
+        if options.window is None or count <= options.window:
+            lengths.append(count)
+            per_document.append(1)
+            layouts.append(None)
+        else:
+            windows = window_bounds(count, options.window, options.overlap)
+            lengths.extend(end - begin for begin, end in windows)
+            per_document.append(len(windows))
+            layouts.append(windows)
+    tokens = numpy.empty(sum(lengths), dtype=dtype)
+    position = 0
+    for array, bounds in zip(arrays, layouts):
+        size = int(array.shape[0])
+        if size == 0:
+            continue
+        if bounds is None:
+            if bos:
+                tokens[position] = bos[0]
+            tokens[position + len(bos) : position + len(bos) + size] = array
+            if eod:
+                tokens[position + len(bos) + size] = eod[0]
+            position += size + extra
+            continue
+        document = numpy.concatenate(
+            [numpy.asarray(bos, dtype=dtype), array.astype(dtype), numpy.asarray(eod, dtype=dtype)]
+        )
+        for begin, end in bounds:
+            tokens[position : position + end - begin] = document[begin:end]
+            position += end - begin
+    return Encoded(
+        tokens=tokens,
+        sequence_lengths=numpy.asarray(lengths, dtype=numpy.int64),
+        sequences_per_document=numpy.asarray(per_document, dtype=numpy.int64),
+        text_bytes=sum(len(text.encode("utf-8")) for text in texts),
+    )
+
+
+class Encoder:
+    """A loaded tokenizer plus options: turns a chunk into an :class:`Encoded`."""
+
+    def __init__(self, spec: TokenizerSpec, options: EncodeOptions) -> None:
+        self.tokenizer = spec.load()
+        self.options = options
+
+    def __call__(self, chunk: Chunk) -> Encoded:
+        texts = parse_chunk(chunk, self.options.read)
+        encoded = encode_documents(texts, self.tokenizer, self.options, chunk.path)
+        encoded.source_bytes = chunk.source_bytes
+        return encoded
+
+
+_WORKER_ENCODER: Encoder | None = None
+
+
+def initialize_worker(spec: TokenizerSpec, options: EncodeOptions) -> None:
+    """The initializer of a worker process: load the tokenizer once."""
+    # one process per core: the tokenizers' own thread pools would only oversubscribe
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    os.environ["RAYON_NUM_THREADS"] = "1"
+    os.environ["OMP_NUM_THREADS"] = "1"
+    global _WORKER_ENCODER
+    _WORKER_ENCODER = Encoder(spec, options)
+
+
+def encode_in_worker(chunk: Chunk) -> Encoded:
+    """The task of a worker process: encode one chunk with the worker's tokenizer."""
+    if _WORKER_ENCODER is None:  # pragma: no cover - the initializer always runs first
+        raise RuntimeError("worker was not initialized")
+    return _WORKER_ENCODER(chunk)
+
+
+class InlineExecutor:
+    """The executor interface, running each task at once in this process (``workers=0``)."""
+
+    def __init__(self, encoder: Encoder) -> None:
+        self._encoder = encoder
+
+    def submit(self, function: Callable[[Chunk], Encoded], chunk: Chunk) -> Future[Encoded]:
+        del function
+        future: Future[Encoded] = Future()
+        try:
+            future.set_result(self._encoder(chunk))
+        except BaseException as error:
+            future.set_exception(error)
+        return future
+
+    def shutdown(self, wait: bool = True, cancel_futures: bool = False) -> None:
+        del wait, cancel_futures
+
+
+def process_context() -> Any:
+    """The start method of the worker processes.
+
+    fork while no other Python thread runs, on Python < 3.12: fast, and it works from any
+    ``__main__`` (stdin, notebooks). Otherwise forkserver (Python 3.12 warns about forking a
+    process with threads, and numpy's BLAS pool counts): its workers import what they need, so
+    a script that starts a run must guard it with ``if __name__ == "__main__":``.
+    """
+    import multiprocessing
+    import sys
+    import threading
+
+    methods = multiprocessing.get_all_start_methods()
+    if "fork" in methods and sys.version_info < (3, 12) and threading.active_count() == 1:
+        return multiprocessing.get_context("fork")
+    return multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
