@@ -319,48 +319,25 @@ class IndexCache:
         check_only = session is not None and session.check_only
         started = time.perf_counter()
         checking = data_check != "off" and len(data_prefixes) > 0
+
+        def record(built: bool, saved: bool, problems: Sequence[str]) -> None:
+            if session is not None:
+                seconds = time.perf_counter() - started
+                session.record(CacheEvent(self, built, saved, tuple(problems), seconds))
+
         arrays, problems = self.load(specs, check_description=not trust_presence)
         # An existing entry is checked against the data even when its arrays no longer fit the
         # config (new data usually changes their shapes): "error" must never rebuild silently.
         if checking and self.description_path.is_file():
-            stale, current = self.stale_reasons(data_prefixes)
-            if stale and check_only:
-                arrays = None
-                problems = [
-                    *problems,
-                    *(f"{self.description_path}: built from other data: {r}" for r in stale),
-                ]
-            elif stale and (data_check == "error" or not may_build):
-                raise StaleCacheError(
-                    f"index cache {self.description_path} was built from different data "
-                    f"(cache_data_check={data_check!r}; delete the entry, rebuild it on the "
-                    "cache-building rank, or set cache_data_check='off' for megatron-core's "
-                    "path-only behaviour): " + "; ".join(stale)
-                )
-            elif stale:
-                logger.warning(
-                    "rebuilding stale index cache %s: %s", self.description_path, "; ".join(stale)
-                )
-                arrays, problems = None, stale
-            elif (
-                arrays is not None
-                and may_build
-                and not check_only
-                and not self.fingerprint_path.is_file()
-            ):
-                # adopt an entry megatron-core (or an older tokenmill) wrote over this data;
-                # best effort: a concurrent builder may clean our temporary file away
-                with contextlib.suppress(OSError):
-                    data_fingerprint.write_fingerprint(self.fingerprint_path, current)
-        if arrays is not None:
-            if session is not None:
-                session.record(CacheEvent(self, False, False, (), time.perf_counter() - started))
-            return arrays, False
-        if session is not None and session.check_only:
-            built = dict(build())
-            session.record(
-                CacheEvent(self, True, False, tuple(problems), time.perf_counter() - started)
+            arrays, problems = self._check_data(
+                arrays, problems, data_prefixes, data_check, may_build, check_only
             )
+        if arrays is not None:
+            record(False, False, ())
+            return arrays, False
+        if check_only:
+            built = dict(build())
+            record(True, False, problems)
             return built, True
         if not may_build:
             raise CacheError(
@@ -370,23 +347,72 @@ class IndexCache:
                 "one copy per node): " + "; ".join(problems)
             )
         with self.locked():
+            # another writer may have built it while this process waited for the lock
             arrays, problems = self.load(specs, check_description=not trust_presence)
             if arrays is not None and not (checking and self.stale_reasons(data_prefixes)[0]):
-                if session is not None:
-                    session.record(
-                        CacheEvent(self, False, False, (), time.perf_counter() - started)
-                    )
+                record(False, False, ())
                 return arrays, False
-            self._remove_leftovers()
-            # fingerprint before building: data changing during the build is then seen as stale
-            fingerprint = data_fingerprint.fingerprint_prefixes(data_prefixes) if checking else None
-            built = dict(build())
-            self.save(built, fingerprint)
-        if session is not None:
-            session.record(
-                CacheEvent(self, True, True, tuple(problems), time.perf_counter() - started)
-            )
+            built = self._build_and_save(build, data_prefixes if checking else ())
+        record(True, True, problems)
         return built, True
+
+    def _check_data(
+        self,
+        arrays: dict[str, npt.NDArray[Any]] | None,
+        problems: list[str],
+        data_prefixes: Sequence[str],
+        data_check: str,
+        may_build: bool,
+        check_only: bool,
+    ) -> tuple[dict[str, npt.NDArray[Any]] | None, list[str]]:
+        """An existing entry against the current data: (arrays, problems) to go on with (arrays
+        None when the entry must be rebuilt), after adopting an unfingerprinted valid entry.
+
+        Raises:
+            StaleCacheError: the data changed and the entry may not be rebuilt here.
+        """
+        stale, current = self.stale_reasons(data_prefixes)
+        if stale and check_only:
+            built_from = (f"{self.description_path}: built from other data: {r}" for r in stale)
+            return None, [*problems, *built_from]
+        if stale and (data_check == "error" or not may_build):
+            raise StaleCacheError(
+                f"index cache {self.description_path} was built from different data "
+                f"(cache_data_check={data_check!r}; delete the entry, rebuild it on the "
+                "cache-building rank, or set cache_data_check='off' for megatron-core's "
+                "path-only behaviour): " + "; ".join(stale)
+            )
+        if stale:
+            logger.warning(
+                "rebuilding stale index cache %s: %s", self.description_path, "; ".join(stale)
+            )
+            return None, stale
+        if (
+            arrays is not None
+            and may_build
+            and not check_only
+            and not self.fingerprint_path.is_file()
+        ):
+            # adopt an entry megatron-core (or an older tokenmill) wrote over this data;
+            # best effort: a concurrent builder may clean our temporary file away
+            with contextlib.suppress(OSError):
+                data_fingerprint.write_fingerprint(self.fingerprint_path, current)
+        return arrays, problems
+
+    def _build_and_save(
+        self,
+        build: Callable[[], Mapping[str, npt.NDArray[Any]]],
+        data_prefixes: Sequence[str],
+    ) -> dict[str, npt.NDArray[Any]]:
+        """Build the arrays and write the entry (call under the lock), fingerprinting
+        `data_prefixes` first: data that changes during the build is then seen as stale."""
+        self._remove_leftovers()
+        fingerprint = (
+            data_fingerprint.fingerprint_prefixes(data_prefixes) if data_prefixes else None
+        )
+        built = dict(build())
+        self.save(built, fingerprint)
+        return built
 
     def check_deferred(self, data_prefixes: Sequence[str], data_check: str) -> None:
         """The data check of a deferred (defer_npy_index_mmap) load, which never rebuilds.
