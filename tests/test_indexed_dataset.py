@@ -448,7 +448,7 @@ def test_builder_in_a_missing_directory(tmp_path: Path) -> None:
 def test_failed_merge_leaves_the_builder_consistent(
     tmp_path: Path, shard: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from tokenmill.formats import megatron
+    from tokenmill.formats import megatron_builder
 
     def failing_copy(source: int, destination: int, size: int, offset: int) -> None:
         os.pwrite(destination, b"partial", offset)
@@ -457,7 +457,7 @@ def test_failed_merge_leaves_the_builder_consistent(
     builder = IndexedDatasetBuilder(str(tmp_path / "m.bin"))
     builder.add_document([1, 2], [2])
     with monkeypatch.context() as patch:
-        patch.setattr(megatron, "_copy_file", failing_copy)
+        patch.setattr(megatron_builder, "_copy_file", failing_copy)
         with pytest.raises(OSError, match="disk full"):
             builder.add_index(str(shard))
     builder.add_index(str(shard))

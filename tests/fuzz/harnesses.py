@@ -32,7 +32,8 @@ import numpy as np
 from tokenmill.errors import CacheError, DataFormatError
 from tokenmill.formats import bos_index, nanogpt, token_dir
 from tokenmill.formats import dataset_sidecar as tokenizer_sidecar
-from tokenmill.formats.megatron import IndexedDataset, _IndexReader
+from tokenmill.formats.megatron import IndexedDataset
+from tokenmill.formats.megatron_index import _IndexReader
 from tokenmill.index import fingerprint as data_fingerprint
 from tokenmill.index.cache import IndexCache
 

@@ -1,0 +1,330 @@
+"""The ``.idx`` file of Megatron's indexed token format: header, dtype codes, reader.
+
+The byte layout is in ``formats/README.md`` (and `tokenmill.formats.megatron`'s docstring): a
+34-byte header (magic ``MMIDIDX\\0\\0``, version 1, dtype code, sequence and document counts),
+then ``sequence_lengths``, ``sequence_pointers``, ``document_indices`` and, for multimodal data,
+``sequence_modes``. :class:`DType` holds megatron's one-byte dtype codes; :class:`_IndexReader`
+(megatron's name and attributes) maps a ``.idx`` and checks it. The dataset reader
+(`tokenmill.formats.megatron`) and the builder (`tokenmill.formats.megatron_builder`) share
+this module.
+"""
+
+from __future__ import annotations
+
+import enum
+import errno
+import mmap as mmap_module
+import os
+import struct
+
+import numpy
+import numpy.typing as npt
+
+from tokenmill.errors import DataFormatError
+
+__all__ = [
+    "HEADER_SIZE",
+    "INDEX_COUNTS",
+    "INDEX_HEADER",
+    "INDEX_PREAMBLE",
+    "INDEX_VERSION",
+    "OBJECT_STORAGE_SCHEMES",
+    "DType",
+    "check_non_decreasing",
+    "get_bin_path",
+    "get_idx_path",
+]
+
+INDEX_HEADER = b"MMIDIDX\x00\x00"
+"""The 9 magic bytes every ``.idx`` starts with."""
+
+INDEX_VERSION = 1
+"""The only index version megatron-core has ever written."""
+
+# magic (9) + version (uint64) + dtype code (uint8)
+INDEX_PREAMBLE = struct.Struct("<9sQB")
+# sequence count, document-boundary count
+INDEX_COUNTS = struct.Struct("<QQ")
+HEADER_SIZE = (
+    INDEX_PREAMBLE.size + INDEX_COUNTS.size
+)  # 34, hard-coded by megatron's fast_cache_load path
+
+# Chunk for the non-decreasing check on document_indices, so it never allocates more than a few MB.
+_MONOTONIC_CHECK_CHUNK = 1 << 20
+
+NumpyScalarType = type[numpy.generic]
+DTypeLike = npt.DTypeLike | NumpyScalarType
+
+# The prefixes of object-storage paths (read through tokenmill.storage, never mapped).
+OBJECT_STORAGE_SCHEMES = ("s3://", "msc://")
+
+
+class DType(enum.Enum):
+    """The token dtypes of a ``.bin`` file, with megatron's one-byte codes."""
+
+    uint8 = 1
+    int8 = 2
+    int16 = 3
+    int32 = 4
+    int64 = 5
+    float64 = 6
+    float32 = 7
+    uint16 = 8
+
+    @classmethod
+    def code_from_dtype(cls, value: DTypeLike) -> int:
+        """The code of a dtype.
+
+        Args:
+            value: a numpy scalar type such as ``numpy.uint16`` (megatron's convention), or
+                anything ``numpy.dtype`` accepts.
+
+        Returns:
+            The one-byte code stored in the ``.idx`` header.
+
+        Raises:
+            ValueError: the dtype has no code.
+        """
+        try:
+            name = numpy.dtype(value).name
+        except TypeError as error:
+            raise ValueError(f"not a numpy dtype: {value!r}") from error
+        if name not in cls.__members__:
+            supported = ", ".join(cls.__members__)
+            raise ValueError(f"dtype {name} has no megatron code; supported: {supported}")
+        return cls[name].value
+
+    @classmethod
+    def dtype_from_code(cls, value: int) -> NumpyScalarType:
+        """The numpy scalar type of a code.
+
+        Args:
+            value: a code from 1 to 8.
+
+        Returns:
+            The numpy scalar type, for example ``numpy.uint16`` for 8.
+
+        Raises:
+            ValueError: the code is unknown.
+        """
+        try:
+            member = cls(value)
+        except ValueError as error:
+            raise ValueError(f"unknown megatron dtype code {value!r}; known codes are 1..8") from (
+                error
+            )
+        scalar_type: NumpyScalarType = getattr(numpy, member.name)
+        return scalar_type
+
+    @staticmethod
+    def size(key: int | DTypeLike) -> int:
+        """The size in bytes of a code or dtype.
+
+        Args:
+            key: a code (int) or a numpy dtype.
+
+        Returns:
+            The item size in bytes.
+
+        Raises:
+            ValueError: the key is neither a known code nor a supported dtype.
+        """
+        code = int(key) if isinstance(key, (int, numpy.integer)) else DType.code_from_dtype(key)
+        return numpy.dtype(DType.dtype_from_code(code)).itemsize
+
+    @staticmethod
+    def optimal_dtype(cardinality: int | None) -> NumpyScalarType:
+        """The dtype megatron uses for token ids from a vocabulary of a given size.
+
+        Matches megatron: ``uint16`` when ``cardinality < 65500``, otherwise (and for ``None``)
+        ``int32``. Note that ``GPTDatasetConfig.token_dtype_code`` uses a different threshold.
+
+        Args:
+            cardinality: the number of distinct token ids, or None if unknown.
+
+        Returns:
+            ``numpy.uint16`` or ``numpy.int32``.
+        """
+        if cardinality is not None and cardinality < 65500:
+            return numpy.uint16
+        return numpy.int32
+
+
+def get_idx_path(path_prefix: str) -> str:
+    """The index file of a prefix: ``path_prefix + ".idx"``."""
+    return path_prefix + ".idx"
+
+
+def get_bin_path(path_prefix: str) -> str:
+    """The data file of a prefix: ``path_prefix + ".bin"``."""
+    return path_prefix + ".bin"
+
+
+def check_non_decreasing(values: npt.NDArray[numpy.int64], path: str, field: str) -> None:
+    for start in range(0, values.shape[0] - 1, _MONOTONIC_CHECK_CHUNK):
+        chunk = values[start : start + _MONOTONIC_CHECK_CHUNK + 1]
+        # neighbour comparison, not numpy.diff: an int64 difference can wrap around
+        decreasing = chunk[1:] < chunk[:-1]
+        if decreasing.any():
+            position = start + int(numpy.argmax(decreasing))
+            raise DataFormatError(
+                f"{path}: {field} must be non-decreasing, but {field}[{position}] = "
+                f"{int(values[position])} > {field}[{position + 1}] = {int(values[position + 1])}"
+            )
+
+
+class _IndexReader:
+    """The parsed ``.idx`` file: zero-copy views of its arrays over a read-only mapping.
+
+    Attribute names follow megatron's ``_IndexReader`` so code written against it keeps working.
+    """
+
+    dtype: NumpyScalarType
+    dtype_size: int
+    sequence_count: int
+    document_count: int
+    sequence_lengths: npt.NDArray[numpy.int32]
+    sequence_pointers: npt.NDArray[numpy.int64]
+    document_indices: npt.NDArray[numpy.int64]
+    sequence_modes: npt.NDArray[numpy.int8] | None
+
+    def __init__(
+        self,
+        idx_path: str,
+        multimodal: bool,
+        sequences_per_dataset: tuple[int, int] | None = None,
+        dtype_code: int | None = None,
+    ) -> None:
+        self.idx_path = idx_path
+        try:
+            with open(idx_path, "rb") as stream:
+                file_size = os.fstat(stream.fileno()).st_size
+                if sequences_per_dataset:
+                    # fast_cache_load: the caller already knows the counts, skip reading the header
+                    if dtype_code is None:
+                        raise ValueError(
+                            f"{idx_path}: sequences_per_dataset={sequences_per_dataset!r} needs a "
+                            "dtype_code, got None"
+                        )
+                    code = dtype_code
+                    self.sequence_count = int(sequences_per_dataset[0])
+                    self.document_count = int(sequences_per_dataset[1])
+                else:
+                    code = self._read_header(stream.read(HEADER_SIZE), idx_path)
+                self._check_code(code, idx_path)
+                self.dtype = DType.dtype_from_code(code)
+                self.dtype_size = numpy.dtype(self.dtype).itemsize
+
+                sequence_count, document_count = self.sequence_count, self.document_count
+                expected = HEADER_SIZE + 12 * sequence_count + 8 * document_count
+                trailer = sequence_count  # one int8 mode per sequence
+                if multimodal:
+                    expected += trailer
+                if file_size < expected:
+                    raise DataFormatError(
+                        f"{idx_path}: index is {file_size} bytes but its header ({sequence_count} "
+                        f"sequences, {document_count} document boundaries"
+                        f"{', multimodal' if multimodal else ''}) needs {expected}; the file is "
+                        "truncated"
+                        + (
+                            " or was not written with multimodal=True"
+                            if multimodal
+                            else " or not a megatron index"
+                        )
+                    )
+                if file_size != expected and not (
+                    not multimodal and file_size == expected + trailer
+                ):
+                    raise DataFormatError(
+                        f"{idx_path}: index is {file_size} bytes but its header ({sequence_count} "
+                        f"sequences, {document_count} document boundaries) needs {expected}"
+                        f"{'' if multimodal else f' (or {expected + trailer} with modes)'}"
+                    )
+                # mmap duplicates the descriptor, so the file object can be closed right away
+                self._mapping = mmap_module.mmap(stream.fileno(), 0, access=mmap_module.ACCESS_READ)
+        except FileNotFoundError:
+            raise FileNotFoundError(errno.ENOENT, f"index file not found: {idx_path}") from None
+
+        offset = HEADER_SIZE
+        self.sequence_lengths = numpy.frombuffer(
+            self._mapping, dtype="<i4", count=sequence_count, offset=offset
+        )
+        offset += 4 * sequence_count
+        self.sequence_pointers = numpy.frombuffer(
+            self._mapping, dtype="<i8", count=sequence_count, offset=offset
+        )
+        offset += 8 * sequence_count
+        self.document_indices = numpy.frombuffer(
+            self._mapping, dtype="<i8", count=document_count, offset=offset
+        )
+        offset += 8 * document_count
+        self.sequence_modes = None
+        if multimodal:
+            self.sequence_modes = numpy.frombuffer(
+                self._mapping, dtype=numpy.int8, count=sequence_count, offset=offset
+            )
+
+    def _read_header(self, header: bytes, idx_path: str) -> int:
+        if len(header) < HEADER_SIZE:
+            raise DataFormatError(
+                f"{idx_path}: index is {len(header)} bytes, shorter than the {HEADER_SIZE}-byte "
+                "header"
+            )
+        magic, version, code = INDEX_PREAMBLE.unpack_from(header)
+        if magic != INDEX_HEADER:
+            raise DataFormatError(
+                f"{idx_path}: bad magic {magic!r}, expected {INDEX_HEADER!r}; not a megatron index"
+            )
+        if version != INDEX_VERSION:
+            raise DataFormatError(
+                f"{idx_path}: unsupported index version {version}, expected {INDEX_VERSION}"
+            )
+        self.sequence_count, self.document_count = INDEX_COUNTS.unpack_from(
+            header, INDEX_PREAMBLE.size
+        )
+        return int(code)
+
+    @staticmethod
+    def _check_code(code: object, idx_path: str) -> None:
+        if not (isinstance(code, (int, numpy.integer)) and 1 <= int(code) <= len(DType)):
+            raise DataFormatError(
+                f"{idx_path}: unknown dtype code {code!r}; known codes are 1..{len(DType)}"
+            )
+
+    def validate(self) -> None:
+        """Check that document boundaries start at 0, end at the sequence count and never decrease.
+
+        Raises:
+            DataFormatError: a boundary is inconsistent.
+        """
+        path, boundaries = self.idx_path, self.document_indices
+        if boundaries.shape[0] == 0:
+            raise DataFormatError(f"{path}: document_indices is empty, expected at least [0]")
+        if int(boundaries[0]) != 0:
+            raise DataFormatError(
+                f"{path}: document_indices must start at 0, got {int(boundaries[0])}"
+            )
+        if int(boundaries[-1]) != self.sequence_count:
+            raise DataFormatError(
+                f"{path}: document_indices must end at the sequence count {self.sequence_count}, "
+                f"got {int(boundaries[-1])}"
+            )
+        check_non_decreasing(boundaries, path, "document_indices")
+
+    def expected_bin_size(self) -> int:
+        """The ``.bin`` size implied by the last pointer and length (0 when there are no
+        sequences)."""
+        if self.sequence_count == 0:
+            return 0
+        return int(self.sequence_pointers[-1]) + int(self.sequence_lengths[-1]) * self.dtype_size
+
+    def __len__(self) -> int:
+        return self.sequence_count
+
+    def __getitem__(self, idx: int) -> tuple[numpy.int64, numpy.int32, numpy.int8 | None]:
+        """The (pointer, length, mode) of a sequence, as megatron's reader returns them."""
+        return (
+            self.sequence_pointers[idx],
+            self.sequence_lengths[idx],
+            self.sequence_modes[idx] if self.sequence_modes is not None else None,
+        )
