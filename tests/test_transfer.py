@@ -23,16 +23,10 @@ import pytest
 from tokenmill.cli.main import main
 from tokenmill.errors import ChecksumError
 from tokenmill.formats.megatron import IndexedDataset
+from tokenmill.storage.download import STATE_NAME, download, start_download
 from tokenmill.storage.manifest import Manifest, ManifestObject, parse_shard_list
-from tokenmill.storage.transfer import (
-    STATE_NAME,
-    TransferPolicy,
-    collect_files,
-    download,
-    load_manifest,
-    publish,
-    start_download,
-)
+from tokenmill.storage.publish import collect_files, publish
+from tokenmill.storage.transfer import TransferPolicy, load_manifest
 
 from conftest import random_documents, write_megatron_shard
 

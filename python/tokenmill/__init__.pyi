@@ -115,17 +115,11 @@ from tokenmill.runs.cache_build import build_cache as build_cache
 from tokenmill.runs.cache_build import check_cache as check_cache
 from tokenmill.runs.config_file import load_run_config as load_run_config
 from tokenmill.serving.batch import collate as collate
+from tokenmill.storage.download import download as download
+from tokenmill.storage.download import start_download as start_download
 from tokenmill.storage.manifest import Manifest as Manifest
 from tokenmill.storage.object_storage import ObjectStorageConfig as ObjectStorageConfig
-from tokenmill.storage.transfer import (
-    download as download,
-)
-from tokenmill.storage.transfer import (
-    publish as publish,
-)
-from tokenmill.storage.transfer import (
-    start_download as start_download,
-)
+from tokenmill.storage.publish import publish as publish
 
 __version__: str
 __all__ = [

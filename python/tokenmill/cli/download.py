@@ -48,8 +48,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 def run(args: argparse.Namespace) -> int:
     from tokenmill.common.progress import Progress
     from tokenmill.errors import TokenmillError
+    from tokenmill.storage.download import download
     from tokenmill.storage.manifest import Manifest, parse_shard_list
-    from tokenmill.storage.transfer import TransferPolicy, download
+    from tokenmill.storage.transfer import TransferPolicy
 
     try:
         if args.url:

@@ -46,7 +46,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 def run(args: argparse.Namespace) -> int:
     from tokenmill.common.progress import Progress
     from tokenmill.errors import TokenmillError
-    from tokenmill.storage.transfer import TransferPolicy, publish
+    from tokenmill.storage.publish import publish
+    from tokenmill.storage.transfer import TransferPolicy
 
     # in a log: one '[publish] uploaded|skipped KEY' line per object; on a terminal: a bar
     display = Progress("publish", unit="object", enabled=not args.quiet, log_interval=math.inf)

@@ -114,7 +114,7 @@ def fetch_cache_entry(location: str, base: str) -> str:
         ObjectStorageError / FileNotFoundError: the location cannot be read.
         ValueError: an http(s) location that is not a manifest.
     """
-    from tokenmill.storage.transfer import download
+    from tokenmill.storage.download import download
 
     local = local_cache_directory(location)
     os.makedirs(local, exist_ok=True)

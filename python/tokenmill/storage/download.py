@@ -1,0 +1,387 @@
+"""Download a published manifest or a shard list: parallel, verified, resumable.
+
+`source` is a manifest (local path, `s3://` or `http(s)://` URL), a `Manifest`, or a plain shard
+list (`URL [sha256]` lines, nanochat-style). Objects are fetched by `workers` threads in manifest
+order into `<local_dir>/.<name>.partial` and renamed to their key once their size and sha256
+match the manifest, so a file under its final name is always complete and verified; the
+published modification time is restored, so the data fingerprints beside index cache entries
+still match. HTTP fetches retry connection errors, timeouts and 5xx/429 answers with exponential
+backoff (full jitter, as `tokenmill.storage.s3` does for S3, whose client retries on its own);
+after a kill, the next run skips finished objects (remembered in
+`<local_dir>/.tokenmill-download.json` by size and mtime, so they are not even re-hashed) and
+continues partial files from the byte they reached with ranged requests. A checksum mismatch
+raises `tokenmill.errors.ChecksumError` naming the object, the file and both digests, and removes
+the bad bytes.
+
+`DownloadJob.wait(key)` returns as soon as one object is in place, so a dataset can open its
+first shards while the rest still download.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import json
+import os
+import threading
+import time
+from collections.abc import Callable, Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tokenmill.common.atomic import atomic_write_text
+from tokenmill.errors import ChecksumError, ObjectStorageError
+from tokenmill.storage.manifest import (
+    Manifest,
+    ManifestObject,
+    check_key,
+)
+from tokenmill.storage.transfer import (
+    READ_BYTES,
+    RangeNotSatisfiable,
+    TransferPolicy,
+    http_open,
+    is_http_location,
+    is_s3_location,
+    join_location,
+    load_manifest,
+    s3_client,
+    sha256_file,
+)
+
+__all__ = ["STATE_NAME", "DownloadJob", "DownloadReport", "download", "start_download"]
+
+STATE_NAME = ".tokenmill-download.json"
+
+
+@dataclass
+class DownloadReport:
+    """What a download did."""
+
+    local_dir: str
+    fetched: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+    unverified: list[str] = field(default_factory=list)
+    bytes_fetched: int = 0
+    seconds: float = 0.0
+
+
+def _partial_path(final: str) -> str:
+    directory, name = os.path.split(final)
+    return os.path.join(directory, f".{name}.partial")
+
+
+class _State:
+    """Objects known complete: key -> [size, mtime_ns, sha256] (saved atomically, thread-safe)."""
+
+    def __init__(self, local_dir: str) -> None:
+        self.path = os.path.join(local_dir, STATE_NAME)
+        self.lock = threading.Lock()
+        self.entries: dict[str, list[Any]] = {}
+        with contextlib.suppress(FileNotFoundError, ValueError):
+            with open(self.path, encoding="utf-8") as stream:
+                loaded = json.load(stream)
+            if isinstance(loaded, dict):
+                self.entries = {k: v for k, v in loaded.items() if isinstance(v, list)}
+
+    def verified(self, key: str, path: str, digest: str | None) -> bool:
+        try:
+            status = os.stat(path)
+        except FileNotFoundError:
+            return False
+        with self.lock:
+            entry = self.entries.get(key)
+        return entry == [status.st_size, status.st_mtime_ns, digest]
+
+    def record(self, key: str, path: str, digest: str | None) -> None:
+
+        status = os.stat(path)
+        with self.lock:
+            self.entries[key] = [status.st_size, status.st_mtime_ns, digest]
+            atomic_write_text(Path(self.path), json.dumps(self.entries, sort_keys=True))
+
+
+def _announced_size(response: Any, have: int) -> int | None:
+    """The whole object's size as the server states it (Content-Range or Content-Length)."""
+    if response.status == 206:
+        content_range = response.headers.get("Content-Range", "")
+        total = content_range.rpartition("/")[2]
+        return int(total) if total.isdigit() else None
+    length = response.headers.get("Content-Length")
+    return int(length) if length is not None and length.isdigit() else None
+
+
+def _fetch_http(url: str, partial: str, size: int | None, policy: TransferPolicy) -> int:
+    """Append the missing bytes of `url` to `partial`; returns bytes received."""
+    received = 0
+    attempt = 0
+    while True:
+        have = os.path.getsize(partial) if os.path.exists(partial) else 0
+        if size is not None and have > size:
+            os.truncate(partial, 0)
+            have = 0
+        if size is not None and have == size:
+            return received
+        headers = {"Range": f"bytes={have}-"} if have else {}
+        try:
+            response = http_open(url, policy, headers)
+        except RangeNotSatisfiable:  # the object is shorter than our partial: start over
+            if not have:
+                raise ObjectStorageError(f"{url}: HTTP 416 for a request without range") from None
+            os.truncate(partial, 0)
+            continue
+        total = _announced_size(response, have)
+        if size is not None and total is not None and total != size:
+            response.close()
+            raise ChecksumError(f"{url}: the object has {total} bytes but the manifest says {size}")
+        try:
+            with response, open(partial, "ab") as stream:
+                if have and response.status != 206:  # the server ignored the range
+                    stream.truncate(0)
+                # read1: whatever has arrived (up to 1 MiB), so a kill loses little
+                while block := response.read1(READ_BYTES):
+                    stream.write(block)
+                    received += len(block)
+            if size is None or os.path.getsize(partial) >= size:
+                return received
+            raise ConnectionError(f"the body ended at byte {os.path.getsize(partial)} of {size}")
+        except (ConnectionError, TimeoutError, http.client.HTTPException) as error:
+            attempt += 1
+            if attempt >= policy.max_attempts:
+                raise ObjectStorageError(
+                    f"{url}: body failed after {attempt} attempts: {type(error).__name__}: {error}"
+                ) from error
+            time.sleep(policy.delay(attempt - 1))
+
+
+def _fetch_s3(url: str, partial: str, size: int | None, policy: TransferPolicy) -> int:
+    client = s3_client()
+    info = client.stat(url)
+    if size is not None and info.size != size:
+        raise ChecksumError(f"{url}: the object has {info.size} bytes but the manifest says {size}")
+    have = os.path.getsize(partial) if os.path.exists(partial) else 0
+    if have > info.size:
+        os.truncate(partial, 0)
+        have = 0
+    received = 0
+    with open(partial, "ab") as stream:
+        while have < info.size:
+            stop = min(info.size, have + policy.part_bytes)
+            data = client.get_range(url, have, stop, if_match=info.etag)
+            stream.write(data)
+            stream.flush()
+            have += len(data)
+            received += len(data)
+    return received
+
+
+def _fetch_local(path: str, partial: str) -> int:
+    have = os.path.getsize(partial) if os.path.exists(partial) else 0
+    received = 0
+    with open(path, "rb") as source, open(partial, "ab") as stream:
+        if have > os.fstat(source.fileno()).st_size:
+            stream.truncate(0)
+            have = 0
+        source.seek(have)
+        for block in iter(lambda: source.read(READ_BYTES), b""):
+            stream.write(block)
+            received += len(block)
+    return received
+
+
+class DownloadJob:
+    """A download running on background threads (see `start_download`)."""
+
+    def __init__(
+        self,
+        manifest: Manifest,
+        base: str,
+        local_dir: str,
+        policy: TransferPolicy,
+        progress: Callable[[str, str], None] | None = None,
+    ) -> None:
+        self.manifest = manifest
+        self.progress = progress
+        self.base = base
+        self.local_dir = local_dir
+        self.policy = policy
+        self.report = DownloadReport(local_dir)
+        self._lock = threading.Lock()
+        self._started = time.perf_counter()
+        os.makedirs(local_dir, exist_ok=True)
+        self._state = _State(local_dir)
+        self._executor = ThreadPoolExecutor(max_workers=policy.workers)
+        self._futures: dict[str, Future[str]] = {
+            item.key: self._executor.submit(self._one, item) for item in manifest.objects
+        }
+        self._executor.shutdown(wait=False)
+
+    def path(self, key: str) -> str:
+        """Where object `key` lands (whether or not it is there yet)."""
+        return os.path.join(self.local_dir, *check_key(key, "key").split("/"))
+
+    def wait(self, key: str, timeout: float | None = None) -> str:
+        """Block until object `key` is in place and verified; returns its path.
+
+        Raises:
+            KeyError: the manifest has no such object.
+            TimeoutError: not ready within `timeout` seconds.
+            ChecksumError, ObjectStorageError, FileNotFoundError: its download failed.
+        """
+        future = self._futures.get(key)
+        if future is None:
+            raise KeyError(f"the manifest has no object {key!r}")
+        try:
+            return future.result(timeout)
+        except FutureTimeout:
+            if future.done():
+                raise
+            raise TimeoutError(f"{key} is not downloaded after {timeout} s") from None
+
+    def done(self) -> bool:
+        return all(future.done() for future in self._futures.values())
+
+    def result(self, timeout: float | None = None) -> DownloadReport:
+        """Wait for every object; the report, or the first failure in manifest order."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        errors: list[BaseException] = []
+        for future in self._futures.values():
+            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+            error = future.exception(remaining)
+            if error is not None:
+                errors.append(error)
+        if errors:
+            raise errors[0]
+        with self._lock:
+            self.report.seconds = time.perf_counter() - self._started
+            for names in (self.report.fetched, self.report.skipped, self.report.unverified):
+                names.sort()
+        return self.report
+
+    def _source(self, item: ManifestObject) -> str:
+        return item.url if item.url is not None else join_location(self.base, item.key)
+
+    def _one(self, item: ManifestObject) -> str:
+        final = self.path(item.key)
+        os.makedirs(os.path.dirname(final), exist_ok=True)
+        if self._already_there(item, final):
+            with self._lock:
+                self.report.skipped.append(item.key)
+            if self.progress is not None:
+                self.progress(item.key, "present")
+            return final
+        partial = _partial_path(final)
+        source = self._source(item)
+        for attempt in range(2):
+            resumed = os.path.exists(partial) and os.path.getsize(partial) > 0
+            if is_s3_location(source):
+                received = _fetch_s3(source, partial, item.size, self.policy)
+            elif is_http_location(source):
+                received = _fetch_http(source, partial, item.size, self.policy)
+            else:
+                received = _fetch_local(source, partial)
+            with self._lock:
+                self.report.bytes_fetched += received
+            problem = self._verify(item, partial)
+            if problem is None:
+                break
+            os.unlink(partial)
+            if not resumed or attempt == 1:
+                raise ChecksumError(
+                    f"{source}: {problem} (downloading to {final}; the bad bytes were removed)"
+                )
+            # a partial file from an earlier run may belong to another version: start over once
+        if item.mtime_ns is not None:
+            os.utime(partial, ns=(item.mtime_ns, item.mtime_ns))
+        os.replace(partial, final)
+        self._state.record(item.key, final, item.sha256)
+        with self._lock:
+            self.report.fetched.append(item.key)
+            if item.sha256 is None:
+                self.report.unverified.append(item.key)
+        if self.progress is not None:
+            self.progress(item.key, "fetched")
+        return final
+
+    def _already_there(self, item: ManifestObject, final: str) -> bool:
+        if not os.path.isfile(final):
+            return False
+        if item.sha256 is None:  # a plain shard list without checksums: presence is all we know
+            return item.size is None or os.path.getsize(final) == item.size
+        if self._state.verified(item.key, final, item.sha256):
+            return True
+        if os.path.getsize(final) == item.size and sha256_file(final) == item.sha256:
+            if item.mtime_ns is not None:
+                os.utime(final, ns=(item.mtime_ns, item.mtime_ns))
+            self._state.record(item.key, final, item.sha256)
+            return True
+        return False
+
+    @staticmethod
+    def _verify(item: ManifestObject, partial: str) -> str | None:
+        size = os.path.getsize(partial)
+        if item.size is not None and size != item.size:
+            return f"got {size} bytes, the manifest says {item.size}"
+        if item.sha256 is not None:
+            digest = sha256_file(partial)
+            if digest != item.sha256:
+                return f"sha256 mismatch: got {digest}, the manifest says {item.sha256}"
+        return None
+
+
+def start_download(
+    source: str | Manifest,
+    local_dir: str,
+    *,
+    base: str | None = None,
+    policy: TransferPolicy | None = None,
+    keys: Iterable[str] | None = None,
+    progress: Callable[[str, str], None] | None = None,
+) -> DownloadJob:
+    """Start downloading in the background; returns at once.
+
+    Args:
+        source: a manifest location (`.json`: local, `s3://`, `http(s)://`), a shard-list file,
+            or a Manifest (then `base` says where its keys live).
+        local_dir: where objects land, under their keys.
+        policy: workers, retries, part size.
+        keys: only these objects (default: all).
+        progress: called from the worker threads with (key, "fetched" | "present").
+
+    Raises:
+        FileNotFoundError / ValueError: the manifest is missing or invalid; KeyError: an
+            unknown key.
+    """
+    policy = policy or TransferPolicy()
+    if isinstance(source, Manifest):
+        if base is None and any(item.url is None for item in source.objects):
+            raise ValueError("a Manifest without URLs needs base= (where its keys live)")
+        manifest, where = source, base or ""
+    else:
+        manifest, where = load_manifest(source, policy)
+    if keys is not None:
+        manifest = Manifest(tuple(manifest.find(key) for key in keys), manifest.config)
+    return DownloadJob(manifest, where, os.fspath(local_dir), policy, progress)
+
+
+def download(
+    source: str | Manifest,
+    local_dir: str,
+    *,
+    base: str | None = None,
+    policy: TransferPolicy | None = None,
+    keys: Iterable[str] | None = None,
+    progress: Callable[[str, str], None] | None = None,
+) -> DownloadReport:
+    """Download every object (see `start_download`) and wait for all of them.
+
+    Raises:
+        ChecksumError: an object's bytes do not match the manifest.
+        ObjectStorageError: a transfer failed after its retries.
+        FileNotFoundError: the manifest or an object is missing.
+    """
+    job = start_download(source, local_dir, base=base, policy=policy, keys=keys, progress=progress)
+    return job.result()
