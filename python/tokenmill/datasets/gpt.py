@@ -27,6 +27,12 @@ mostly the memory traffic of the int64 outputs; see benchmarks/SERVING.md). The 
 `tokenmill.serving.Servable` (`batch_layout()`, `fill_batch()`), which is how BlendedDataset
 gathers its members' rows into one batch. Other low-level datasets (mock data, `mmap=False`,
 float tokens) take the per-document Python path, with identical results.
+
+Size: this module is about 800 lines because it mirrors megatron-core's ``gpt_dataset`` module:
+GPTDataset is one class whose methods are the hooks megatron users subclass
+(``build_low_level_dataset``, ``_query_document_sample_shuffle_indices``, ``__getitem__``...),
+kept together with its mock dataset; what is not Megatron's (the batched gather, buffers,
+collate) lives in `tokenmill.serving`.
 """
 
 from __future__ import annotations

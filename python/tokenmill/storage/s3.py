@@ -36,6 +36,10 @@ Example (needs boto3 and a reachable bucket)::
 Cost: one HTTP request per call (``download`` streams in 8 MiB reads and resumes an interrupted
 body from the byte it reached; ``upload`` goes multipart above 64 MiB). A boto3 client is built
 once per process and thread-safe; after a fork the child builds its own.
+
+Size: about 700 lines, kept in one module on purpose: it is the only place that touches boto3
+(URLs, the retry policy, the error classification and every request), so every caller gets the
+same retries and messages.
 """
 
 from __future__ import annotations
