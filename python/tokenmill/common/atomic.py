@@ -1,6 +1,10 @@
 """Atomic file writing shared by every layer (format writers, caches, manifests, sidecars): a
 hidden temporary file beside the target, renamed into place on success and removed on failure, so
-a reader never sees a partial file."""
+a reader never sees a partial file.
+
+Why not a library: the well-known one (``atomicwrites``) is archived, and the writers here need
+the open binary stream (formats stream gigabytes into it) and an explicit commit/abort, which
+is these few lines over ``tempfile.mkstemp`` and ``os.replace``."""
 
 from __future__ import annotations
 

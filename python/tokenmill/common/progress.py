@@ -29,13 +29,15 @@ __all__ = ["Progress", "format_duration", "is_interactive", "si"]
 
 
 def format_duration(seconds: float) -> str:
-    """``h:mm:ss`` of a non-negative duration."""
+    """``h:mm:ss`` of a non-negative duration (always with hours, unlike tqdm's
+    ``format_interval``, so the plain lines keep one shape)."""
     whole = max(0, int(seconds + 0.5))
     return f"{whole // 3600}:{whole // 60 % 60:02d}:{whole % 60:02d}"
 
 
 def si(value: float) -> str:
-    """``value`` with a k/M/G suffix and one decimal (no suffix below 1000)."""
+    """``value`` with a k/M/G suffix and one decimal (no suffix below 1000): the plain lines'
+    format, which predates tqdm here (tqdm's ``format_sizeof`` gives three digits)."""
     for unit, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
         if value >= scale:
             return f"{value / scale:.1f}{unit}"

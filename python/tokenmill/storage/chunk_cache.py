@@ -22,6 +22,10 @@ no two requests for the same chunk are in flight at once.
 
 Thread-safe; after a fork the child starts with a fresh lock and thread pool (the chunks already
 cached are kept, they are immutable ``bytes``).
+
+Why not a library: fsspec's block caches (``readahead``, ``blockcache``) and s3fs keep no byte
+budget across threads, issue one request per block rather than per run of missing blocks, and
+cannot be told the reads ahead; the cache is ~300 lines over tokenmill's retrying S3 client.
 """
 
 from __future__ import annotations

@@ -7,6 +7,10 @@ against the manifest's sizes and sha256 and resumable after a kill. Both use thi
 locations (`s3://`, `http(s)://`, local paths joined with a manifest key), HTTP requests retried
 on connection errors, timeouts and 5xx/429 answers, sha256 of files in 1 MiB blocks, and reading
 a manifest or a plain shard list (`URL [sha256]` lines) from any location.
+
+HTTP goes through the standard library (``urllib``) with its own small retry loop rather than
+requests/urllib3, so `tokenmill download` of a plain shard list works with no extra dependency;
+S3 requests go through `tokenmill.storage.s3` (botocore).
 """
 
 from __future__ import annotations
