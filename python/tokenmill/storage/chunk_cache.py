@@ -23,9 +23,9 @@ no two requests for the same chunk are in flight at once.
 Thread-safe; after a fork the child starts with a fresh lock and thread pool (the chunks already
 cached are kept, they are immutable ``bytes``).
 
-Why not a library: fsspec's block caches (``readahead``, ``blockcache``) and s3fs keep no byte
-budget across threads, issue one request per block rather than per run of missing blocks, and
-cannot be told the reads ahead; the cache is ~300 lines over tokenmill's retrying S3 client.
+Why not a library: fsspec's block caches (what s3fs files use) fetch missing blocks one request
+each and cannot be told which ranges come next; here a run of missing chunks is one request and
+the dataset's shuffle order drives the prefetch. It is ~300 lines over tokenmill's S3 client.
 """
 
 from __future__ import annotations
