@@ -402,3 +402,39 @@ def test_gather_checks_indices_and_plans(tmp_path: Path) -> None:
     dataset.entries[:, 2] = 99  # a corrupt plan: pieces longer than their documents
     with pytest.raises(IndexError, match="points outside its document"):
         dataset[0]
+
+
+def test_served_rows_land_in_the_rows_asked_for(tmp_path: Path) -> None:
+    """`fill_batch` with `rows` (the Servable protocol's scatter, as a blend uses it) writes each
+    row where it is asked; batches come from reused buffers without changing values; the dataset
+    pickles without its per-process server."""
+    import pickle
+
+    from tokenmill.serving.buffers import allocate
+    from tokenmill.serving.server import Servable
+
+    documents = [[1, *range(2, 2 + n)] for n in (5, 9, 3, 12, 7, 4, 8, 2)]
+    dataset = PackedDataset(
+        IndexedDataset(shard_with(tmp_path, documents)), PackingConfig(sequence_length=8)
+    )
+    assert isinstance(dataset, Servable)
+    layout = dataset.batch_layout()
+    assert layout is not None and layout == dataset.batch_layout()
+    count = len(dataset)
+    buffers = allocate(layout.fields(), count + 2, pin_memory=False)
+    for array in buffers.values():
+        array.fill(-7)
+    rows = np.arange(count, dtype=np.int64)[::-1] + 2  # rows 2.. in reverse
+    dataset.fill_batch(np.arange(count, dtype=np.int64), rows, buffers)
+    for idx in range(count):
+        for key, value in dataset._row_arrays(idx).items():
+            np.testing.assert_array_equal(buffers[key][rows[idx]], value, err_msg=key)
+    assert (buffers["input_ids"][:2] == -7).all()  # rows not asked for are untouched
+    first = {key: value.clone() for key, value in dataset.__getitems__([0, 1]).items()}
+    for _ in range(8):  # pooled buffers are reused once the tensors are gone
+        again = dataset.__getitems__([0, 1])
+    for key, value in first.items():
+        assert torch.equal(again[key], value), key
+    restored = pickle.loads(pickle.dumps(dataset))
+    assert "_server" not in restored.__dict__
+    assert torch.equal(restored[1]["labels"], dataset[1]["labels"])

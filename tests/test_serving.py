@@ -425,3 +425,65 @@ def test_threaded_gather_after_fork(tmp_path: Path, shard: str) -> None:
     child.join(timeout=60)
     assert child.exitcode == 0
     np.testing.assert_array_equal(got, expected)
+
+
+def test_any_servable_dataset_is_served_through_a_batch_server() -> None:
+    """The serving protocol on its own: a toy dataset with a plain layout, rows filled where
+    asked, the default collate, pooled buffers lent until released, and no padding."""
+    from tokenmill.serving.layout import Field, PlainLayout
+    from tokenmill.serving.server import BatchServer, Servable
+
+    layout = PlainLayout(
+        (Field("values", (3,), np.dtype(np.int64)), Field("square", (), np.dtype(np.float32)))
+    )
+
+    class Squares:
+        def batch_layout(self) -> PlainLayout:
+            return layout
+
+        def fill_batch(
+            self, indices: Any, rows: Any, buffers: Any, *, num_threads: int = 1
+        ) -> None:
+            where = np.arange(len(indices)) if rows is None else rows
+            buffers["values"][where] = np.stack([indices, indices + 1, indices + 2], axis=1)
+            buffers["square"][where] = indices.astype(np.float32) ** 2
+
+    dataset = Squares()
+    assert isinstance(dataset, Servable)
+    server = BatchServer(layout)
+    batch = server.serve(3, [(dataset, np.array([4, 5, 6], dtype=np.int64), None)])
+    assert list(batch) == ["values", "square"]
+    assert batch["values"].tolist() == [[4, 5, 6], [5, 6, 7], [6, 7, 8]]
+    assert batch["square"].tolist() == [16.0, 25.0, 36.0]
+    # two parts into one batch, as a blend serves its members
+    mixed = server.serve(
+        3,
+        [
+            (dataset, np.array([1], dtype=np.int64), np.array([2], dtype=np.int64)),
+            (dataset, np.array([7, 8], dtype=np.int64), np.array([0, 1], dtype=np.int64)),
+        ],
+    )
+    assert mixed["square"].tolist() == [49.0, 64.0, 1.0]
+    assert mixed["values"].data_ptr() != batch["values"].data_ptr()  # `batch` still holds its set
+    with pytest.raises(TypeError, match="must be integers"):
+        server.serve(1, [(dataset, np.array([0]), None)], padding=np.array([True]))
+    assert layout == PlainLayout(layout.fields()) and hash(layout) == hash(
+        PlainLayout(layout.fields())
+    )
+
+
+def test_blend_members_share_a_layout_only_when_their_batches_agree(
+    tmp_path: Path, shard: str
+) -> None:
+    flags = {name: False for name in FLAGS}
+    plain = build(shard, tmp_path / "a", flags, 16)
+    same = build(shard, tmp_path / "b", flags | {"reset_position_ids": True}, 16)
+    longer = build(shard, tmp_path / "c", flags, 24)
+    masked = build(shard, tmp_path / "d", flags | {"create_attention_mask": True}, 16)
+    python_path = build(shard, tmp_path / "e", flags, 16, mmap=False)
+    assert plain.batch_layout() == same.batch_layout()  # position ids do not change the layout
+    assert plain.batch_layout() != longer.batch_layout()
+    assert plain.batch_layout() != masked.batch_layout()
+    assert python_path.batch_layout() is None
+    with pytest.raises(TypeError, match="no batch layout"):
+        python_path.fill_batch(np.array([0]), None, {})
