@@ -21,6 +21,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tokenmill import _core
+from tokenmill._core import _testing
 from tokenmill.index.blending import (
     INT16_MAX_DATASETS,
     build_blending_indices,
@@ -381,7 +382,7 @@ def blend_with(
 ) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.int64]]:
     ids = np.empty(size, dtype=np.int32)
     positions = np.empty(size, dtype=np.int64)
-    _core.build_blending_indices(weights, ids, positions, **options)
+    _testing.build_blending_indices(weights, ids, positions, **options)
     return ids, positions
 
 
@@ -391,7 +392,7 @@ def exhaustive_with(
     total = int(sizes.sum())
     ids = np.empty(total, dtype=np.int32)
     positions = np.empty(total, dtype=np.int64)
-    _core.build_exhaustive_blending_indices(sizes, ids, positions, **options)
+    _testing.build_exhaustive_blending_indices(sizes, ids, positions, **options)
     return ids, positions
 
 
@@ -482,7 +483,7 @@ def test_active_set_property(
 def test_unknown_path_is_rejected() -> None:
     ids = np.empty(4, dtype=np.int16)
     with pytest.raises(ValueError, match="path must be"):
-        _core.build_blending_indices(np.ones(2), ids, np.empty(4, dtype=np.int64), path="x")
+        _testing.build_blending_indices(np.ones(2), ids, np.empty(4, dtype=np.int64), path="x")
 
 
 # --- the AVX-512 register kernel ------------------------------------------------------------------
