@@ -91,7 +91,7 @@ def test_an_exception_on_a_worker_reaches_python_with_its_type(kind: str) -> Non
     if kind != "MemoryError":
         assert "thrown on a pool worker" in str(raised.value)
     # The pool survives: the next region runs normally.
-    assert sorted(set(_testing.run_parts(32, 2))) in ([0], [0, 1])
+    assert set(_testing.run_parts(32, 2)) <= {0, 1}
     with pytest.raises(ValueError, match="kind must be"):
         _testing.throw_in_worker("KeyError")
 
