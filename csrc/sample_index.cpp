@@ -91,7 +91,7 @@ void build_sample_index(UnalignedSpan<int32_t> sizes, std::span<const int32_t> d
     emit_rows_for_documents(sizes, document_index, begin, end, tokens_before, sequence_length,
                             extra_token, num_samples, rows);
   };
-  if (usable_threads(num_threads) >= 2 && num_documents >= (1 << 16)) {
+  if (num_threads >= 2 && num_documents >= (1 << 16) && usable_threads(num_threads) >= 2) {
     // The first part starts at token 0; the second learns where it starts by counting its own
     // tokens (total - count), so it walks its documents twice and the first part once: a 2:1
     // split balances the two threads. Rows depend only on positions, so the result is the same.
@@ -155,7 +155,7 @@ void build_gpt_indices(UnalignedSpan<int32_t> sizes, std::span<const int32_t> in
   // The shuffle index only needs the stream (already positioned) and the sample count, so it is
   // drawn on its own thread while the sample index is computed.
   const std::span<const int32_t> documents(document_index.data(), document_index.size());
-  if (usable_threads(plan.num_threads) >= 2) {
+  if (plan.num_threads >= 2 && usable_threads(plan.num_threads) >= 2) {
     parallel_for(2, 2, [&](size_t part) {
       if (part == 0) {
         build_sample_index(sizes, documents, plan.sequence_length, plan.extra_token,

@@ -43,7 +43,7 @@ void for_each_chunk(int64_t size, int chunks, Body body) {
 template <typename T>
 std::vector<int64_t> find_token_positions(std::span<const T> tokens, T token, int num_threads) {
   const auto size = static_cast<int64_t>(tokens.size());
-  const int threads = threads_for(usable_threads(num_threads), size, kMinTokensPerThread);
+  const int threads = threads_for(num_threads, size, kMinTokensPerThread);
   std::vector<std::vector<int64_t>> parts(static_cast<size_t>(threads));
   for_each_chunk(size, threads, [&](int t, int64_t begin, int64_t end) {
     scan_chunk(tokens, token, begin, end, parts[static_cast<size_t>(t)]);
@@ -60,7 +60,7 @@ std::vector<int64_t> find_token_positions(std::span<const T> tokens, T token, in
 template <typename T>
 int64_t count_token(std::span<const T> tokens, T token, int num_threads) {
   const auto size = static_cast<int64_t>(tokens.size());
-  const int threads = threads_for(usable_threads(num_threads), size, kMinTokensPerThread);
+  const int threads = threads_for(num_threads, size, kMinTokensPerThread);
   std::vector<int64_t> counts(static_cast<size_t>(threads), 0);
   for_each_chunk(size, threads, [&](int t, int64_t begin, int64_t end) {
     counts[static_cast<size_t>(t)] = count_chunk(tokens, token, begin, end);
