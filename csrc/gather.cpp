@@ -170,6 +170,11 @@ void resolve_samples(std::span<const ShuffleT> shuffle_index, std::span<const Sa
 
 namespace {
 
+// The per-sample steps below are forced inline into gather_range, which they were part of: as
+// calls (GCC does not inline them by itself) the gather ran 15-20% slower for int64, int32 and
+// uint16 outputs (measured: S=2048, B=8, one thread, both builds interleaved in one process).
+#define TOKENMILL_GATHER_INLINE [[gnu::always_inline]] inline
+
 // Per-thread state of a gather: scratch buffers allocated on first use and never zero-filled
 // (every entry read is written first).
 struct GatherScratch {
@@ -182,7 +187,7 @@ struct GatherScratch {
 // Fast path of one sample: every token present and no pad id representable in TokenT, so tokens
 // and labels are the widened data shifted by one.
 template <typename TokenT, typename OutT>
-void fill_full_sample(const TokenT* data, const std::vector<Part>& parts,
+TOKENMILL_GATHER_INLINE void fill_full_sample(const TokenT* data, const std::vector<Part>& parts,
                       const GatherOptions& options, OutT* out_tokens, OutT* out_labels,
                       float* loss, int64_t* starts) {
   const int64_t S = options.sequence_length;
@@ -228,7 +233,7 @@ void fill_full_sample(const TokenT* data, const std::vector<Part>& parts,
 // General path of one sample: the padded text in int64 first (`text`: S + 1 entries), then
 // megatron's pad rules (a pad token reads as 0 and masks the loss of the position before it).
 template <typename TokenT, typename OutT>
-void fill_padded_sample(const TokenT* data, const std::vector<Part>& parts,
+TOKENMILL_GATHER_INLINE void fill_padded_sample(const TokenT* data, const std::vector<Part>& parts,
                         const GatherOptions& options, int64_t* text, OutT* out_tokens,
                         OutT* out_labels, float* loss, int64_t* starts) {
   const int64_t S = options.sequence_length;
@@ -265,7 +270,7 @@ void fill_padded_sample(const TokenT* data, const std::vector<Part>& parts,
 // Position ids, document starts and cu_seqlens / max_seqlen of one sample (batch row `row`),
 // from its parts or from the document starts the fill computed.
 template <typename OutT>
-void fill_positions(const GatherOptions& options, const GatherOutputs<OutT>& outputs, size_t row,
+TOKENMILL_GATHER_INLINE void fill_positions(const GatherOptions& options, const GatherOutputs<OutT>& outputs, size_t row,
                     GatherScratch& scratch) {
   const int64_t S = options.sequence_length;
   const size_t base = row * static_cast<size_t>(S);

@@ -18,9 +18,11 @@ namespace {
 using namespace pybind11::literals;
 
 // The outputs of one gather call, checked against the batch shape. The arrays are kept here so
-// the spans stay valid while the GIL is released.
+// the spans stay valid while the GIL is released. (Optional ones are held as py::object: a
+// default-constructed py::array allocates an empty numpy array, which a small gather notices.)
 struct BatchOutputs {
-  py::array tokens, labels, loss_mask, position_ids, document_starts, cu_seqlens, max_seqlen;
+  py::array tokens, labels, loss_mask;
+  py::object position_ids, document_starts, cu_seqlens, max_seqlen;
   size_t rows = 0;  // output rows (>= the number of samples gathered)
   std::span<float> loss;
   std::span<int64_t> positions, starts;
@@ -30,14 +32,16 @@ struct BatchOutputs {
 // An optional output (None: not filled) with `expected` elements of type T.
 template <typename T>
 std::span<T> optional_output(const py::object& object, int64_t expected, const char* name,
-                             py::array& keep) {
+                             py::object& keep) {
   if (object.is_none()) return {};
-  keep = object.cast<py::array>();
-  if (keep.size() != expected) {
+  auto array = object.cast<py::array>();
+  if (array.size() != expected) {
     fail_value(std::string(name) + " must have " + std::to_string(expected) + " elements, got " +
-               std::to_string(keep.size()));
+               std::to_string(array.size()));
   }
-  return output_span<T>(keep, name);
+  const std::span<T> span = output_span<T>(array, name);
+  keep = std::move(array);
+  return span;
 }
 
 BatchOutputs check_outputs(int64_t sequence_length, bool inter_document_masking, py::array tokens,
@@ -45,29 +49,27 @@ BatchOutputs check_outputs(int64_t sequence_length, bool inter_document_masking,
                            const py::object& document_starts, const py::object& cu_seqlens,
                            const py::object& max_seqlen) {
   const int64_t S = sequence_length;
-  BatchOutputs out;
-  out.rows = static_cast<size_t>(tokens.size() / S);
-  const auto cells = static_cast<int64_t>(out.rows) * S;
+  const auto rows = static_cast<size_t>(tokens.size() / S);
+  const auto cells = static_cast<int64_t>(rows) * S;
   if (tokens.size() != cells) {
     fail_value("tokens must have a multiple of sequence_length = " + std::to_string(S) +
                " elements, got " + std::to_string(tokens.size()));
   }
-  out.tokens = std::move(tokens);
   for (auto [array, name] : {std::pair{&labels, "labels"}, std::pair{&loss_mask, "loss_mask"}}) {
     if (array->size() != cells) {
       fail_value(std::string(name) + " must have " + std::to_string(cells) + " elements, got " +
                  std::to_string(array->size()));
     }
   }
-  out.labels = std::move(labels);
-  out.loss_mask = std::move(loss_mask);
+  BatchOutputs out{std::move(tokens), std::move(labels), std::move(loss_mask), {}, {}, {}, {},
+                   rows, {}, {}, {}, {}, {}};
   out.loss = output_span<float>(out.loss_mask, "loss_mask");
-  const auto rows = static_cast<int64_t>(out.rows);
+  const auto count = static_cast<int64_t>(rows);
   out.positions = optional_output<int64_t>(position_ids, cells, "position_ids", out.position_ids);
   out.starts =
       optional_output<int64_t>(document_starts, cells, "document_starts", out.document_starts);
-  out.cu = optional_output<int32_t>(cu_seqlens, rows * (S + 1), "cu_seqlens", out.cu_seqlens);
-  out.widest = optional_output<int32_t>(max_seqlen, rows, "max_seqlen", out.max_seqlen);
+  out.cu = optional_output<int32_t>(cu_seqlens, count * (S + 1), "cu_seqlens", out.cu_seqlens);
+  out.widest = optional_output<int32_t>(max_seqlen, count, "max_seqlen", out.max_seqlen);
   if (inter_document_masking && (out.cu.empty() || out.widest.empty())) {
     fail_value("inter_document_masking needs cu_seqlens and max_seqlen outputs");
   }
@@ -76,7 +78,7 @@ BatchOutputs check_outputs(int64_t sequence_length, bool inter_document_masking,
 
 // The output row of each sample (None: 0, 1, ...), checked against the outputs.
 std::span<const int64_t> check_rows(const py::object& rows_object, size_t samples,
-                                    size_t out_rows, py::array& keep) {
+                                    size_t out_rows, py::object& keep) {
   if (rows_object.is_none()) {
     if (samples > out_rows) {
       fail_value("outputs have " + std::to_string(out_rows) + " rows for " +
@@ -84,8 +86,9 @@ std::span<const int64_t> check_rows(const py::object& rows_object, size_t sample
     }
     return {};
   }
-  keep = rows_object.cast<py::array>();
-  const auto rows = input_span<int64_t>(keep, "rows");
+  auto array = rows_object.cast<py::array>();
+  const auto rows = input_span<int64_t>(array, "rows");
+  keep = std::move(array);
   if (rows.size() != samples) {
     fail_value("rows must have one entry per index (" + std::to_string(samples) + "), got " +
                std::to_string(rows.size()));
@@ -193,7 +196,7 @@ class Gatherer {
            py::array labels, py::array loss_mask, const py::object& position_ids,
            const py::object& document_starts, const py::object& cu_seqlens,
            const py::object& max_seqlen, int num_threads) const {
-    py::array rows_array;
+    py::object rows_array;
     const auto out_rows = static_cast<size_t>(tokens.size() / options_.sequence_length);
     const std::span<const int64_t> rows =
         check_rows(rows_object, indices.size(), out_rows, rows_array);
