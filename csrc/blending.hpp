@@ -25,11 +25,16 @@ struct BlendingOptions {
   size_t window = 0;    // active set: samples between threshold updates (0: default)
   double margin = -1;   // active set: initial margin below the winning keys (< 0: default)
   size_t block = 0;     // active set, AVX-512: samples per block (0: default; rounded to 2^k)
-  // Threads, each deciding one chunk of the samples from guessed counts, repaired afterwards
-  // (0: the CPU count, at most 8, with at least 2^18 samples per chunk; 1: one thread).
+  // Chunks of the samples, each decided from guessed counts and repaired afterwards, run on up to
+  // as many threads of the pool (0: the CPUs this process may use, at most 8, with at least 2^18
+  // samples per chunk; 1: one chunk on the caller's thread).
   size_t threads = 0;
   bool guess_zero = false;  // test hook: start every chunk from zero counts (forces repairs)
 };
+
+// The instruction set the active-set kernel runs on for `path` on this CPU: "avx512", "avx2" or
+// "baseline" (SSE2 on x86-64, scalar elsewhere).
+const char* active_set_isa(BlendingOptions::Path path = BlendingOptions::Path::kAuto);
 
 template <typename IndexT>
 void build_blending_indices(std::span<const double> weights, std::span<IndexT> dataset_index,

@@ -1,5 +1,5 @@
 // Shared helpers for the tokenmill kernels: integer-exact arithmetic and span aliases.
-// Kernels never see Python; argument checks that need an error message live in bindings.cpp.
+// Kernels never see Python; argument checks that need an error message live in csrc/bindings/.
 #pragma once
 
 #include <cstddef>

@@ -1,11 +1,12 @@
 #include "packing.hpp"
 
+#include "thread_pool.hpp"
+
 #include <algorithm>
 #include <numeric>
 #include <set>
 #include <stdexcept>
 #include <string>
-#include <thread>
 #include <tuple>
 #include <utility>
 
@@ -186,19 +187,8 @@ PackingPlan plan_packing(UnalignedSpan<int32_t> lengths, const PackingOptions& o
     parts[s] = options.bos_aligned ? plan_bos_aligned(pieces, options)
                                    : plan_best_fit(pieces, options);
   };
-  const size_t threads =
-      std::min<size_t>(static_cast<size_t>(std::max(options.num_threads, 1)), segments);
-  if (threads <= 1) {
-    for (size_t s = 0; s < segments; ++s) plan_segment(s);
-  } else {
-    std::vector<std::thread> workers;
-    for (size_t t = 0; t < threads; ++t) {
-      workers.emplace_back([&, t] {
-        for (size_t s = t; s < segments; s += threads) plan_segment(s);
-      });
-    }
-    for (auto& worker : workers) worker.join();
-  }
+  // Segments are independent: one part each, on up to num_threads threads of the pool.
+  parallel_for(segments, std::max(options.num_threads, 1), plan_segment);
   PackingPlan plan;
   for (PackingPlan& part : parts) {
     const int64_t base = static_cast<int64_t>(plan.entries.size() / 5);
@@ -212,8 +202,108 @@ PackingPlan plan_packing(UnalignedSpan<int32_t> lengths, const PackingOptions& o
   return plan;
 }
 
+namespace {
+
+// A packing plan comes from a cache file: every value read from it (and from the .idx behind it)
+// is checked before it is used, with arithmetic that cannot overflow, and a bad one raises
+// std::out_of_range naming the field (IndexError in Python), never reads out of bounds.
+[[noreturn]] void corrupt_plan(const std::string& message) {
+  throw std::out_of_range("corrupt packing plan: " + message);
+}
+
+std::string field(const char* array, int64_t index, int column, const char* name) {
+  return std::string(array) + "[" + std::to_string(index) + ", " + std::to_string(column) +
+         "] (" + name + ")";
+}
+
+// Entries [begin, end) of row r, checked: the row's entries are a range of the plan and fit
+// max_pieces_per_row.
+void check_row(UnalignedSpan<int64_t> row_offsets, int64_t row, int64_t entry_count,
+               int64_t max_pieces, int64_t& begin, int64_t& end) {
+  const auto r = static_cast<size_t>(row);
+  begin = row_offsets[r];
+  end = row_offsets[r + 1];
+  if (begin < 0 || end < begin || end > entry_count) {
+    corrupt_plan("row_offsets[" + std::to_string(row) + ":" + std::to_string(row + 2) + "] = [" +
+                 std::to_string(begin) + ", " + std::to_string(end) +
+                 "] is not a range of the plan's " + std::to_string(entry_count) + " entries");
+  }
+  if (end - begin > max_pieces) {
+    corrupt_plan("row " + std::to_string(row) + " holds " + std::to_string(end - begin) +
+                 " entries, more than max_pieces_per_row = " + std::to_string(max_pieces));
+  }
+}
+
+// One entry of the plan, checked against its document, the token buffer and the room left in
+// the row (`room` tokens).
+struct PackedPiece {
+  int64_t first;            // the document's first token in the buffer
+  int64_t document_length;  // tokens in the document
+  int64_t offset;           // the piece's first token in the document
+  int64_t size;             // tokens of the piece
+  int64_t masked;           // leading tokens whose labels are ignored
+  bool inserted;            // a BOS token precedes the piece
+};
+
 template <typename TokenT>
-void gather_packed_rows(std::span<const int64_t> entries, std::span<const int64_t> row_offsets,
+PackedPiece check_entry(UnalignedSpan<int64_t> entries, int64_t e, UnalignedSpan<int64_t> pointers,
+                        UnalignedSpan<int32_t> lengths, int64_t token_count, int64_t room) {
+  const auto at = static_cast<size_t>(e) * 5;
+  const int64_t document = entries[at];
+  const auto documents = static_cast<int64_t>(lengths.size());
+  if (document < 0 || document >= documents) {
+    corrupt_plan(field("entries", e, 0, "document") + " = " + std::to_string(document) +
+                 " is not a document id in [0, " + std::to_string(documents) + ")");
+  }
+  const auto d = static_cast<size_t>(document);
+  PackedPiece piece{};
+  piece.document_length = lengths[d];
+  piece.offset = entries[at + 1];
+  piece.size = entries[at + 2];
+  piece.masked = entries[at + 3];
+  piece.inserted = (entries[at + 4] & kInsertedBos) != 0;
+  if (piece.document_length < 0) {
+    corrupt_plan("sequence_lengths[" + std::to_string(document) + "] = " +
+                 std::to_string(piece.document_length) + " is negative");
+  }
+  // offset <= length and size <= length - offset: no sum that could overflow.
+  if (piece.offset < 0 || piece.size < 0 || piece.offset > piece.document_length ||
+      piece.size > piece.document_length - piece.offset) {
+    throw std::out_of_range(
+        "packing plan entry " + std::to_string(e) + " points outside its document: " +
+        field("entries", e, 1, "offset") + " = " + std::to_string(piece.offset) + ", " +
+        field("entries", e, 2, "length") + " = " + std::to_string(piece.size) + ", document " +
+        std::to_string(document) + " has " + std::to_string(piece.document_length) + " tokens");
+  }
+  if (piece.size > room - (piece.inserted ? 1 : 0)) {  // room >= 0, so no overflow
+    throw std::out_of_range("packing plan entry " + std::to_string(e) +
+                            " points outside its row: " + field("entries", e, 2, "length") +
+                            " = " + std::to_string(piece.size) +
+                            (piece.inserted ? " plus an inserted BOS" : "") + " with " +
+                            std::to_string(room) + " tokens of the row left");
+  }
+  const int64_t pointer = pointers[d];
+  constexpr auto itemsize = static_cast<int64_t>(sizeof(TokenT));
+  if (pointer < 0 || pointer % itemsize != 0) {
+    corrupt_plan("sequence_pointers[" + std::to_string(document) + "] = " +
+                 std::to_string(pointer) + " is negative or not a multiple of the token size " +
+                 std::to_string(itemsize));
+  }
+  piece.first = pointer / itemsize;
+  // token_count - first >= -2^63 / 1 + 1: no overflow either way.
+  if (piece.document_length > token_count - piece.first) {
+    corrupt_plan("document " + std::to_string(document) + " (sequence_pointers = " +
+                 std::to_string(pointer) + ", " + std::to_string(piece.document_length) +
+                 " tokens) lies outside the token buffer of " + std::to_string(token_count) +
+                 " tokens");
+  }
+  return piece;
+}
+
+}  // namespace
+
+template <typename TokenT>
+void gather_packed_rows(UnalignedSpan<int64_t> entries, UnalignedSpan<int64_t> row_offsets,
                         std::span<const int64_t> rows, UnalignedSpan<int64_t> pointers,
                         UnalignedSpan<int32_t> lengths, std::span<const TokenT> tokens,
                         const PackedRowOptions& options, std::span<int64_t> input_ids,
@@ -222,59 +312,45 @@ void gather_packed_rows(std::span<const int64_t> entries, std::span<const int64_
   const int64_t length = options.row_length;
   const int64_t slots = options.max_pieces_per_row + 1;
   const auto num_rows = static_cast<int64_t>(row_offsets.size()) - 1;
-  const auto documents = static_cast<int64_t>(lengths.size());
-  const auto available_tokens = static_cast<int64_t>(tokens.size());
+  const auto entry_count = static_cast<int64_t>(entries.size() / 5);
+  const auto token_count = static_cast<int64_t>(tokens.size());
   for (size_t b = 0; b < rows.size(); ++b) {
     const int64_t row = rows[b];
     if (row < 0 || row >= num_rows) {
       throw std::out_of_range("packing plan row " + std::to_string(row) + " is out of range");
     }
-    int64_t* ids = input_ids.data() + static_cast<int64_t>(b) * length;
-    int64_t* targets = labels.data() + static_cast<int64_t>(b) * length;
-    int64_t* positions = position_ids.data() + static_cast<int64_t>(b) * length;
-    int32_t* pieces_of = doc_ids.data() + static_cast<int64_t>(b) * length;
-    int32_t* bounds = cu_seqlens.data() + static_cast<int64_t>(b) * slots;
-    const int64_t begin = row_offsets[static_cast<size_t>(row)];
-    const int64_t end = row_offsets[static_cast<size_t>(row) + 1];
-    if (end - begin > options.max_pieces_per_row || begin < 0 || end < begin ||
-        end * 5 > static_cast<int64_t>(entries.size())) {
-      throw std::out_of_range("packing plan row " + std::to_string(row) + " is inconsistent");
-    }
+    // The outputs are [rows.size(), length] (checked by the caller): these offsets fit.
+    const auto base = static_cast<size_t>(b) * static_cast<size_t>(length);
+    int64_t* ids = input_ids.data() + base;
+    int64_t* targets = labels.data() + base;
+    int64_t* positions = position_ids.data() + base;
+    int32_t* pieces_of = doc_ids.data() + base;
+    int32_t* bounds = cu_seqlens.data() + static_cast<size_t>(b) * static_cast<size_t>(slots);
+    int64_t begin = 0;
+    int64_t end = 0;
+    check_row(row_offsets, row, entry_count, options.max_pieces_per_row, begin, end);
     int64_t position = 0;
     int64_t last_start = 0;
     for (int64_t e = begin; e < end; ++e) {
-      const int64_t* entry = entries.data() + e * 5;
-      const int64_t document = entry[0], offset = entry[1], size = entry[2], masked = entry[3];
-      const bool inserted = (entry[4] & kInsertedBos) != 0;
+      const PackedPiece piece =
+          check_entry<TokenT>(entries, e, pointers, lengths, token_count, length - position);
       const int64_t number = e - begin;
-      if (document < 0 || document >= documents || offset < 0 || size < 0 ||
-          offset + size > lengths[static_cast<size_t>(document)] ||
-          position + size + (inserted ? 1 : 0) > length) {
-        throw std::out_of_range("packing plan entry " + std::to_string(e) +
-                                " points outside its document or row");
-      }
-      const int64_t first = pointers[static_cast<size_t>(document)] /
-                            static_cast<int64_t>(sizeof(TokenT));
-      const int64_t document_length = lengths[static_cast<size_t>(document)];
-      if (first < 0 || first + document_length > available_tokens) {
-        throw std::out_of_range("document " + std::to_string(document) + " lies outside the .bin");
-      }
       const int64_t start = position;
       bounds[number] = static_cast<int32_t>(start);
       last_start = start;
-      if (inserted) {
+      if (piece.inserted) {
         ids[position] = options.bos;
         targets[position] = options.ignore;
         ++position;
       }
-      const TokenT* source = tokens.data() + first + offset;
-      for (int64_t j = 0; j < size; ++j) {
+      const TokenT* source = tokens.data() + piece.first + piece.offset;
+      for (int64_t j = 0; j < piece.size; ++j) {
         ids[position + j] = static_cast<int64_t>(source[j]);
-        targets[position + j] = (j < masked || offset + j + 1 >= document_length)
+        targets[position + j] = (j < piece.masked || piece.offset + j + 1 >= piece.document_length)
                                     ? options.ignore
                                     : static_cast<int64_t>(source[j + 1]);
       }
-      position += size;
+      position += piece.size;
       for (int64_t p = start; p < position; ++p) {
         pieces_of[p] = static_cast<int32_t>(number);
         positions[p] = options.reset_positions ? p - start : p;
@@ -294,7 +370,7 @@ void gather_packed_rows(std::span<const int64_t> entries, std::span<const int64_
 
 #define TOKENMILL_PACKED_GATHER(T)                                                          \
   template void gather_packed_rows<T>(                                                      \
-      std::span<const int64_t>, std::span<const int64_t>, std::span<const int64_t>,         \
+      UnalignedSpan<int64_t>, UnalignedSpan<int64_t>, std::span<const int64_t>,             \
       UnalignedSpan<int64_t>, UnalignedSpan<int32_t>, std::span<const T>,                   \
       const PackedRowOptions&, std::span<int64_t>, std::span<int64_t>, std::span<int64_t>,  \
       std::span<int32_t>, std::span<int32_t>);

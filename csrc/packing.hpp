@@ -71,9 +71,12 @@ struct PackedRowOptions {
 // Rows of a plan as training tensors, [rows.size(), row_length] each (cu_seqlens:
 // [rows.size(), max_pieces_per_row + 1]); see python/tokenmill/datasets/packed.py for the
 // meaning of every output. `pointers` are byte offsets of the documents in `tokens` (the whole
-// .bin). Throws std::out_of_range when a plan entry points outside its document or the .bin.
+// .bin). `entries` ([E, 5]) and `row_offsets` ([R + 1]) come from a cached plan and the
+// pointers and lengths from an .idx, so any value is possible and any alignment: every one is
+// checked (overflow-free) and a bad one throws std::out_of_range naming the field, as does a
+// row outside the plan.
 template <typename TokenT>
-void gather_packed_rows(std::span<const int64_t> entries, std::span<const int64_t> row_offsets,
+void gather_packed_rows(UnalignedSpan<int64_t> entries, UnalignedSpan<int64_t> row_offsets,
                         std::span<const int64_t> rows, UnalignedSpan<int64_t> pointers,
                         UnalignedSpan<int32_t> lengths, std::span<const TokenT> tokens,
                         const PackedRowOptions& options, std::span<int64_t> input_ids,

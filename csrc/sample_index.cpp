@@ -2,11 +2,11 @@
 
 #include <algorithm>
 #include <numeric>
-#include <thread>
 #include <vector>
 
 #include "common.hpp"
 #include "shuffle.hpp"
+#include "thread_pool.hpp"
 
 namespace tokenmill {
 
@@ -91,17 +91,19 @@ void build_sample_index(UnalignedSpan<int32_t> sizes, std::span<const int32_t> d
     emit_rows_for_documents(sizes, document_index, begin, end, tokens_before, sequence_length,
                             extra_token, num_samples, rows);
   };
-  if (num_threads >= 2 && num_documents >= (1 << 16)) {
+  if (num_threads >= 2 && num_documents >= (1 << 16) && usable_threads(num_threads) >= 2) {
     // The first part starts at token 0; the second learns where it starts by counting its own
     // tokens (total - count), so it walks its documents twice and the first part once: a 2:1
     // split balances the two threads. Rows depend only on positions, so the result is the same.
     const int64_t split = num_documents * 2 / 3;
-    std::thread second([&] {
-      const int64_t tail = count_tokens(sizes, document_index, split, num_documents);
-      emit(split, num_documents, total_tokens - tail);
+    parallel_for(2, 2, [&](size_t part) {
+      if (part == 0) {
+        emit(0, split, 0);
+      } else {
+        const int64_t tail = count_tokens(sizes, document_index, split, num_documents);
+        emit(split, num_documents, total_tokens - tail);
+      }
     });
-    emit(0, split, 0);
-    second.join();
   } else {
     emit(0, num_documents, 0);
   }
@@ -153,11 +155,15 @@ void build_gpt_indices(UnalignedSpan<int32_t> sizes, std::span<const int32_t> in
   // The shuffle index only needs the stream (already positioned) and the sample count, so it is
   // drawn on its own thread while the sample index is computed.
   const std::span<const int32_t> documents(document_index.data(), document_index.size());
-  if (plan.num_threads >= 2) {
-    std::thread shuffler([&] { build_shuffle_index(shuffle_index, plan.shuffle_split, random); });
-    build_sample_index(sizes, documents, plan.sequence_length, plan.extra_token, sample_index,
-                       plan.num_threads - 1, total_tokens);
-    shuffler.join();
+  if (plan.num_threads >= 2 && usable_threads(plan.num_threads) >= 2) {
+    parallel_for(2, 2, [&](size_t part) {
+      if (part == 0) {
+        build_sample_index(sizes, documents, plan.sequence_length, plan.extra_token,
+                           sample_index, plan.num_threads - 1, total_tokens);
+      } else {
+        build_shuffle_index(shuffle_index, plan.shuffle_split, random);
+      }
+    });
   } else {
     build_sample_index(sizes, documents, plan.sequence_length, plan.extra_token, sample_index, 1,
                        total_tokens);

@@ -1,30 +1,33 @@
 #include "shuffle.hpp"
 
+#include "cpu_features.hpp"
+#include "mt19937_twist.hpp"
+
 #include <algorithm>
 #include <array>
 #include <utility>
 
 namespace tokenmill {
 
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-__attribute__((target_clones("avx512f", "avx2", "default")))
+namespace {
+
+using Twist = void (*)(uint32_t*);
+
+Twist choose_twist() {
+#ifdef TOKENMILL_X86_UNITS
+  if (cpu_features().avx512) return mt19937::twist_avx512;
+  if (cpu_features().avx2) return mt19937::twist_avx2;
 #endif
+  return [](uint32_t* state) { mt19937::twist_state(state); };
+}
+
+}  // namespace
+
+static_assert(Mt19937::kStateSize == mt19937::kStateSize && Mt19937::kShift == mt19937::kShift);
+
 void Mt19937::twist(uint32_t* state) {
-  constexpr uint32_t kUpper = 0x80000000u;
-  constexpr uint32_t kLower = 0x7fffffffu;
-  constexpr uint32_t kMatrix = 0x9908b0dfu;
-  constexpr int n = kStateSize;
-  constexpr int m = kShift;
-  for (int i = 0; i < n - m; ++i) {
-    const uint32_t y = (state[i] & kUpper) | (state[i + 1] & kLower);
-    state[i] = state[i + m] ^ (y >> 1) ^ ((0u - (y & 1u)) & kMatrix);
-  }
-  for (int i = n - m; i < n - 1; ++i) {
-    const uint32_t y = (state[i] & kUpper) | (state[i + 1] & kLower);
-    state[i] = state[i + m - n] ^ (y >> 1) ^ ((0u - (y & 1u)) & kMatrix);
-  }
-  const uint32_t y = (state[n - 1] & kUpper) | (state[0] & kLower);
-  state[n - 1] = state[m - 1] ^ (y >> 1) ^ ((0u - (y & 1u)) & kMatrix);
+  static const Twist best = choose_twist();
+  best(state);
 }
 
 size_t NumpyRandomState::intervals_descending(uint32_t top, uint32_t* targets,

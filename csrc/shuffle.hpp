@@ -20,7 +20,8 @@ namespace tokenmill {
 // The 32-bit Mersenne Twister, word for word the stream of std::mt19937(seed) (and of numpy's
 // RandomState(seed)). Written out because the block "twist" is the hot loop of every shuffle:
 // as three plain loops it vectorises, and on x86-64 it is compiled for AVX-512, AVX2 and the
-// baseline with run-time dispatch; libstdc++'s engine runs about 5x slower on a baseline build.
+// baseline with run-time dispatch (mt19937_twist.hpp); libstdc++'s engine runs about 5x slower on
+// a baseline build.
 class Mt19937 {
  public:
   static constexpr int kStateSize = 624;

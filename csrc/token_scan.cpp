@@ -1,9 +1,9 @@
 #include "token_scan.hpp"
 
 #include <algorithm>
-#include <thread>
 
 #include "common.hpp"
+#include "thread_pool.hpp"
 
 namespace tokenmill {
 namespace {
@@ -28,23 +28,14 @@ int64_t count_chunk(std::span<const T> tokens, T token, int64_t begin, int64_t e
   return count;
 }
 
-// Runs body(thread, begin, end) over `threads` contiguous chunks of [0, size).
+// Runs body(chunk, begin, end) over `chunks` contiguous chunks of [0, size), on the thread pool.
 template <typename Body>
-void for_each_chunk(int64_t size, int threads, Body body) {
-  const int64_t step = ceil_div(size, threads);
-  if (threads == 1) {
-    body(0, int64_t{0}, size);
-    return;
-  }
-  std::vector<std::thread> pool;
-  pool.reserve(static_cast<size_t>(threads - 1));
-  for (int t = 1; t < threads; ++t) {
-    const int64_t begin = std::min(size, step * t);
-    const int64_t end = std::min(size, begin + step);
-    pool.emplace_back([&body, t, begin, end] { body(t, begin, end); });
-  }
-  body(0, int64_t{0}, std::min(size, step));
-  for (auto& thread : pool) thread.join();
+void for_each_chunk(int64_t size, int chunks, Body body) {
+  const int64_t step = ceil_div(size, chunks);
+  parallel_for(static_cast<size_t>(chunks), chunks, [&](size_t chunk) {
+    const int64_t begin = std::min(size, step * static_cast<int64_t>(chunk));
+    body(static_cast<int>(chunk), begin, std::min(size, begin + step));
+  });
 }
 
 }  // namespace

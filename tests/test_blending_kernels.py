@@ -11,6 +11,7 @@ fractions; the active-set tests force each path (and fallbacks) through a privat
 from __future__ import annotations
 
 import importlib.util
+import platform
 from pathlib import Path
 from types import ModuleType
 
@@ -21,6 +22,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tokenmill import _core
+from tokenmill._core import _testing
 from tokenmill.index.blending import (
     INT16_MAX_DATASETS,
     build_blending_indices,
@@ -381,7 +383,7 @@ def blend_with(
 ) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.int64]]:
     ids = np.empty(size, dtype=np.int32)
     positions = np.empty(size, dtype=np.int64)
-    _core.build_blending_indices(weights, ids, positions, **options)
+    _testing.build_blending_indices(weights, ids, positions, **options)
     return ids, positions
 
 
@@ -391,7 +393,7 @@ def exhaustive_with(
     total = int(sizes.sum())
     ids = np.empty(total, dtype=np.int32)
     positions = np.empty(total, dtype=np.int64)
-    _core.build_exhaustive_blending_indices(sizes, ids, positions, **options)
+    _testing.build_exhaustive_blending_indices(sizes, ids, positions, **options)
     return ids, positions
 
 
@@ -482,7 +484,7 @@ def test_active_set_property(
 def test_unknown_path_is_rejected() -> None:
     ids = np.empty(4, dtype=np.int16)
     with pytest.raises(ValueError, match="path must be"):
-        _core.build_blending_indices(np.ones(2), ids, np.empty(4, dtype=np.int64), path="x")
+        _testing.build_blending_indices(np.ones(2), ids, np.empty(4, dtype=np.int64), path="x")
 
 
 # --- the AVX-512 register kernel ------------------------------------------------------------------
@@ -672,3 +674,31 @@ def test_block_and_register_kernels_match_megatron(n: int, kind: str) -> None:
     weights = make_weights(kind, n, np.random.default_rng(n * 3 + len(kind)))
     size = 400_000
     assert_greedy_matches_megatron(helpers, weights, size)
+
+
+def cpu_flags() -> set[str]:
+    """The flags /proc/cpuinfo lists for the first CPU (empty off Linux x86-64)."""
+    try:
+        with open("/proc/cpuinfo") as info:
+            for line in info:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def test_the_active_set_runs_on_the_best_instruction_set_the_cpu_has() -> None:
+    # The per-ISA units are chosen at run time (csrc/cpu_features.hpp): AVX-512 (F, DQ, BW, VL)
+    # when /proc/cpuinfo lists it, else AVX2, else the baseline; forced paths cap it.
+    flags = cpu_flags()
+    if platform.machine() not in ("x86_64", "AMD64") or not flags:
+        assert _testing.active_set_isa() == "baseline"
+        return
+    has_avx2 = "avx2" in flags
+    has_avx512 = {"avx512f", "avx512dq", "avx512bw", "avx512vl"} <= flags
+    expected = "avx512" if has_avx512 else "avx2" if has_avx2 else "baseline"
+    assert _testing.active_set_isa() == expected
+    assert _testing.active_set_isa("active") == expected
+    assert _testing.active_set_isa("active-avx2") == ("avx2" if has_avx2 else "baseline")
+    assert _testing.active_set_isa("active-baseline") == "baseline"

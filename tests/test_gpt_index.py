@@ -8,6 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tokenmill import _core
+from tokenmill._core import _testing
 from tokenmill.index.gpt_index import (
     build_gpt_indices,
     count_samples,
@@ -74,7 +75,7 @@ def test_sample_index_equals_reference(
             sizes_array, document_index, sequence_length, count, extra
         )
         actual = np.empty((count + 1, 2), dtype=np.int64)
-        _core.build_sample_index(
+        _testing.build_sample_index(
             sizes_array, document_index, sequence_length, extra, actual, threads
         )
         np.testing.assert_array_equal(actual, expected)
@@ -84,7 +85,7 @@ def test_sample_index_worked_example() -> None:
     """The example in csrc/sample_index.hpp."""
     sizes = np.array([3, 2, 4], dtype=np.int32)
     rows = np.empty((3, 2), dtype=np.int32)
-    _core.build_sample_index(sizes, np.array([2, 0, 1], dtype=np.int32), 3, 1, rows, 1)
+    _testing.build_sample_index(sizes, np.array([2, 0, 1], dtype=np.int32), 3, 1, rows, 1)
     np.testing.assert_array_equal(rows, [[0, 0], [0, 3], [1, 2]])
 
 
@@ -96,7 +97,7 @@ def test_sample_index_is_identical_for_any_thread_count() -> None:
     results = []
     for threads in (1, 2, 3, 8):
         rows = np.empty((count + 1, 2), dtype=np.int32)
-        _core.build_sample_index(sizes, document_index, 2048, 1, rows, threads)
+        _testing.build_sample_index(sizes, document_index, 2048, 1, rows, threads)
         results.append(rows)
     for rows in results[1:]:
         np.testing.assert_array_equal(rows, results[0])
@@ -205,21 +206,21 @@ def test_kernels_reject_bad_arguments() -> None:
     documents = np.array([0, 1], dtype=np.int32)
     rows = np.empty((3, 2), dtype=np.int32)
     with pytest.raises(ValueError, match="sequence_length must be >= 1, got 0"):
-        _core.build_sample_index(sizes, documents, 0, 1, rows, 1)
+        _testing.build_sample_index(sizes, documents, 0, 1, rows, 1)
     with pytest.raises(ValueError, match="must be 0 or 1, got 2"):
-        _core.build_sample_index(sizes, documents, 2, 2, rows, 1)
+        _testing.build_sample_index(sizes, documents, 2, 2, rows, 1)
     with pytest.raises(TypeError, match="document_index must have dtype int32"):
-        _core.build_sample_index(sizes, documents.astype(np.int64), 2, 1, rows, 1)
+        _testing.build_sample_index(sizes, documents.astype(np.int64), 2, 1, rows, 1)
     with pytest.raises(IndexError, match=r"document_index\[1\] = 9"):
-        _core.build_sample_index(sizes, np.array([0, 9], np.int32), 2, 1, rows, 1)
+        _testing.build_sample_index(sizes, np.array([0, 9], np.int32), 2, 1, rows, 1)
     with pytest.raises(ValueError, match=r"shape \[num_samples \+ 1, 2\]"):
-        _core.build_sample_index(sizes, documents, 2, 1, np.empty((3, 3), np.int32), 1)
+        _testing.build_sample_index(sizes, documents, 2, 1, np.empty((3, 3), np.int32), 1)
     with pytest.raises(TypeError, match="sample_index must be int32 or int64"):
-        _core.build_sample_index(sizes, documents, 2, 1, np.empty((3, 2), np.float32), 1)
+        _testing.build_sample_index(sizes, documents, 2, 1, np.empty((3, 2), np.float32), 1)
     read_only = np.empty((3, 2), dtype=np.int32)
     read_only.flags.writeable = False
     with pytest.raises(ValueError, match="writeable"):
-        _core.build_sample_index(sizes, documents, 2, 1, read_only, 1)
+        _testing.build_sample_index(sizes, documents, 2, 1, read_only, 1)
     with pytest.raises(ValueError, match="num_epochs \\* len\\(indices\\)"):
         _core.build_gpt_indices(
             sizes, documents, 1, 2, False, 2, 2, 1,

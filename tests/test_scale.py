@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tokenmill import _core
+from tokenmill._core import _testing
 from tokenmill.index.gpt_index import plan_gpt_indices
 
 from conftest import TinyTokenizer
@@ -82,7 +82,7 @@ def test_int64_sample_index_kernel_matches_megatrons() -> None:
                 sizes, document_index, sequence_length, 1, tokens, drop_last, bool(extra)
             )
             ours = np.empty(theirs.shape, dtype=np.int64)
-            _core.build_sample_index(sizes, document_index, sequence_length, extra, ours, 2)
+            _testing.build_sample_index(sizes, document_index, sequence_length, extra, ours, 2)
             np.testing.assert_array_equal(ours, theirs, err_msg=f"trial {trial}")
 
 
@@ -100,7 +100,7 @@ def test_sample_index_over_2_31_document_entries() -> None:
     assert plan.sample_dtype is np.int64
     assert plan.num_samples == (entries - 1) // sequence_length == 512
     ours = np.empty(plan.sample_index_shape, dtype=plan.sample_dtype)
-    _core.build_sample_index(sizes, document_index, sequence_length, 1, ours, 1)
+    _testing.build_sample_index(sizes, document_index, sequence_length, 1, ours, 1)
     expected = np.zeros_like(ours)
     expected[:, 0] = np.arange(plan.num_samples + 1, dtype=np.int64) * sequence_length
     np.testing.assert_array_equal(ours, expected)
@@ -114,7 +114,7 @@ def test_int32_outputs_refuse_to_truncate() -> None:
     document_index = np.zeros(INT32_MAX + 2, dtype=np.int32)
     sample_index = np.empty((3, 2), dtype=np.int32)
     with pytest.raises(OverflowError, match="int32 sample_index cannot hold document positions"):
-        _core.build_sample_index(np.array([1], np.int32), document_index, 4, 1, sample_index, 1)
+        _testing.build_sample_index(np.array([1], np.int32), document_index, 4, 1, sample_index, 1)
 
 
 # -- 2^32 samples ----------------------------------------------------------------------------------

@@ -1,18 +1,16 @@
-"""Typed stub of tokenmill's compiled kernels (private; use the package API)."""
+"""Typed stub of tokenmill's compiled kernels (private; use the package API).
+
+Checked against the built module by `python -m mypy.stubtest` in .ci/run. Test-only entry points
+live in the `_testing` submodule (_testing.pyi).
+"""
 
 import numpy as np
 import numpy.typing as npt
 
+from . import _testing as _testing
+
 def shuffle_like_numpy(values: npt.NDArray[np.integer], seed: int) -> None: ...
 def sum_selected_lengths(sizes: npt.NDArray[np.int32], indices: npt.NDArray[np.int32]) -> int: ...
-def build_sample_index(
-    sizes: npt.NDArray[np.int32],
-    document_index: npt.NDArray[np.int32],
-    sequence_length: int,
-    extra_token: int,
-    sample_index: npt.NDArray[np.integer],
-    num_threads: int = 1,
-) -> None: ...
 def build_gpt_indices(
     sizes: npt.NDArray[np.int32],
     indices: npt.NDArray[np.int32],
@@ -32,24 +30,14 @@ def build_blending_indices(
     dataset_index: npt.NDArray[np.integer],
     dataset_sample_index: npt.NDArray[np.int64],
     *,
-    path: str = "auto",
-    window: int = 0,
-    margin: float = -1.0,
-    block: int = 0,
     threads: int = 0,
-    guess_zero: bool = False,
 ) -> None: ...
 def build_exhaustive_blending_indices(
     sizes: npt.NDArray[np.int64],
     dataset_index: npt.NDArray[np.integer],
     dataset_sample_index: npt.NDArray[np.int64],
     *,
-    path: str = "auto",
-    window: int = 0,
-    margin: float = -1.0,
-    block: int = 0,
     threads: int = 0,
-    guess_zero: bool = False,
 ) -> None: ...
 def plan_packing(
     lengths: npt.NDArray[np.int32],
@@ -131,9 +119,6 @@ def gather_packed_rows(
     doc_ids: npt.NDArray[np.int32],
     cu_seqlens: npt.NDArray[np.int32],
 ) -> None: ...
-def philox_block(
-    counter: tuple[int, int, int, int] | list[int], key: tuple[int, int] | list[int]
-) -> tuple[int, int, int, int]: ...
 def draw_chunk_sources(
     thresholds: npt.NDArray[np.uint64],
     key: tuple[int, int] | list[int],

@@ -1,0 +1,21 @@
+// The bindings of tokenmill._core, one file per area; each registers its functions on the module
+// and its test-only entry points on the _testing submodule (module.cpp assembles both). Only
+// these files include pybind11: they check arguments, dispatch on dtypes and release the GIL
+// around the kernels (csrc/*.hpp), which never see Python.
+#pragma once
+
+#include <pybind11/pybind11.h>
+
+namespace tokenmill::bindings {
+
+namespace py = pybind11;
+
+void register_formats(py::module_& m);    // formats.cpp: token scan
+void register_gpt_index(py::module_& m, py::module_& testing);  // gpt_index.cpp
+void register_blending(py::module_& m, py::module_& testing);   // blending.cpp
+void register_packing(py::module_& m);    // packing.cpp
+void register_gather(py::module_& m);     // gather.cpp
+void register_mixture(py::module_& m, py::module_& testing);    // mixture.cpp
+void register_runtime_testing(py::module_& testing);  // testing.cpp: thread pool, CPU dispatch
+
+}  // namespace tokenmill::bindings
