@@ -28,6 +28,7 @@ import numpy
 from tokenmill.common.progress import Progress
 from tokenmill.errors import DataFormatError
 from tokenmill.formats.dataset_sidecar import (
+    IDENTITY_FIELDS,
     SIDECAR_SUFFIX,
     check_compatible,
     read_sidecar,
@@ -84,6 +85,30 @@ def find_prefixes(directory: str) -> list[str]:
                 "own them first"
             )
     return prefixes
+
+
+def _merged_fingerprint(
+    fingerprint: dict[str, Any], sidecars: Sequence[dict[str, Any]]
+) -> dict[str, Any]:
+    """The merged tokenizer fingerprint: the inputs' (equal on the compared fields); when they
+    were encoded by different backends (ranks with and without gigatoken, whose ids are the
+    same), ``backend`` is "mixed" and ``backends`` lists each one."""
+    identity = {key: fingerprint[key] for key in IDENTITY_FIELDS if key in fingerprint}
+    extras = []
+    for sidecar in sidecars:
+        tokenizer = sidecar["tokenizer"]
+        extra = {key: value for key, value in tokenizer.items() if key not in IDENTITY_FIELDS}
+        if extra not in extras:
+            extras.append(extra)
+    if len(extras) <= 1:
+        return fingerprint
+    return {**identity, "backend": "mixed", "backends": extras}
+
+
+def _summed(sidecars: Sequence[dict[str, Any]], field: str) -> dict[str, int]:
+    """``{field: sum}`` over the sidecars that record ``field`` (none: nothing)."""
+    values = [int(sidecar[field]) for sidecar in sidecars if field in sidecar]
+    return {field: sum(values)} if values else {}
 
 
 def merge_datasets(
@@ -156,6 +181,7 @@ def merge_datasets(
     del merged
     payload: dict[str, Any] = {}
     if fingerprint:
+        fingerprint = _merged_fingerprint(fingerprint, sidecars)
         options = [sidecar.get("options") for sidecar in sidecars]
         inputs: list[Any] = []
         for sidecar in sidecars:
@@ -170,6 +196,7 @@ def merge_datasets(
             tokens=tokens,
             inputs=inputs,
             merged_from=len(prefixes),
+            **_summed(sidecars, "unicode17_documents"),
         )
     if progress:
         sys.stderr.write(

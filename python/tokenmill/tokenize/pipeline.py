@@ -6,10 +6,16 @@ Algorithm:
    ``i % world_size``. Each input becomes one *part*, ``<prefix>.parts/part-IIIIII-of-NNNNNN``
    (a Megatron ``.bin/.idx`` plus a ``.tokenmill.json`` record).
 2. The parent streams each pending input as ordered chunks (:mod:`tokenmill.tokenize.readers`)
-   to a pool of ``workers`` processes (0: in this process). Each worker parses and encodes its
-   chunk (BOS/EOD, windowing, dtype; :mod:`tokenmill.tokenize.encode`) and returns flat arrays. At most ``2 * workers + 2`` chunks
-   are in flight, so memory stays bounded whatever the input size; results are consumed in
-   submission order, so the bytes written do not depend on the worker count.
+   to ``workers`` workers (0: in this process): processes for the reference backends (each
+   single-threaded), threads for gigatoken (each encoding on its own thread with the GIL
+   released; gigatoken's rayon pool is not used), so ``workers`` (``--threads``) is the whole
+   parallelism. Each worker reads and encodes its chunk (BOS/EOD, windowing, dtype;
+   :mod:`tokenmill.tokenize.encode`) and returns flat arrays. At most ``2 * workers + 2``
+   chunks are in flight, and no more than ``memory_budget`` bytes by the estimate
+   ``MEMORY_PER_TEXT_BYTE`` x chunk bytes (one chunk always proceeds, so a single document
+   larger than the budget is encoded alone), so memory stays bounded whatever the input size;
+   results are consumed in submission order, so the bytes written do not depend on the worker
+   count.
 3. A part's ``.bin`` and ``.idx`` go to temporary names and are renamed when the input is done;
    the record (the *manifest* entry: input path, size, mtime, job key, sizes, counts) is renamed
    into place last. A part counts as done only if its record matches the current input and job
@@ -41,7 +47,7 @@ import shutil
 import time
 from collections import deque
 from collections.abc import Iterator
-from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -61,7 +67,13 @@ from tokenmill.tokenize.encode import (
     window_bounds,
 )
 from tokenmill.tokenize.progress import Progress
-from tokenmill.tokenize.readers import ReadOptions, expand_inputs, file_identity, iter_chunks
+from tokenmill.tokenize.readers import (
+    Chunk,
+    ReadOptions,
+    expand_inputs,
+    file_identity,
+    iter_chunks,
+)
 from tokenmill.tokenize.tokenizers import Tokenizer, TokenizerSpec
 
 __all__ = [
@@ -74,6 +86,14 @@ __all__ = [
 ]
 
 OUTPUT_FORMATS = ("megatron", "nanogpt")
+
+DEFAULT_MEMORY_BUDGET = 1 << 30
+"""Bytes of chunks in flight (by the estimate below), besides the output being written."""
+
+MEMORY_PER_TEXT_BYTE = 6
+"""Peak bytes held per byte of chunk text while it is encoded: the raw chunk, the packed text,
+gigatoken's uint32 ids (4 bytes per 2.5-4 text bytes), the shaped tokens and numpy temporaries
+(measured about 5x on the linux-doc corpus with GPT-2; benchmarks/TOKENIZE.md)."""
 
 # Test hook: seconds to sleep after each chunk is written, so a test can SIGKILL a run mid-way.
 _DELAY_VARIABLE = "TOKENMILL_TEST_DELAY_AFTER_CHUNK"
@@ -139,6 +159,9 @@ class TokenizeConfig:
             and prepend_bos).
         keep_parts: keep ``<prefix>.parts`` after assembling the output.
         progress: draw a progress bar on stderr.
+        memory_budget: bytes the chunks in flight may take (estimated as
+            ``MEMORY_PER_TEXT_BYTE`` x their text); the output being written (the index arrays,
+            8 bytes per sequence and document) comes on top.
     """
 
     inputs: tuple[str, ...]
@@ -155,6 +178,7 @@ class TokenizeConfig:
     output_format: str = "megatron"
     keep_parts: bool = False
     progress: bool = True
+    memory_budget: int = DEFAULT_MEMORY_BUDGET
 
     def __post_init__(self) -> None:
         inputs: object = self.inputs
@@ -176,6 +200,8 @@ class TokenizeConfig:
             raise ValueError(f"overlap={self.overlap} needs a window; got window=None")
         if self.workers < 0:
             raise ValueError(f"workers must be >= 0, got {self.workers}")
+        if self.memory_budget < 1:
+            raise ValueError(f"memory_budget must be >= 1 byte, got {self.memory_budget}")
         if self.world_size < 1:
             raise ValueError(f"world_size must be >= 1, got {self.world_size}")
         if not 0 <= self.rank < self.world_size:
@@ -194,6 +220,8 @@ class TokenizeResult:
     text_bytes: int
     seconds: float
     fingerprint: dict[str, Any]
+    backend: str = ""
+    unicode17_documents: int = 0
 
 
 def part_prefix(parts_directory: str, index: int, count: int) -> str:
@@ -342,13 +370,32 @@ def tokenize(config: TokenizeConfig) -> TokenizeResult:
     progress = Progress(
         sum(identity["size"] for _, identity in run.pending), enabled=config.progress
     )
+    if config.progress:
+        unit = "thread" if tokenizer.backend == "gigatoken" else "worker process"
+        progress.write(
+            f"[tokenize] backend: {tokenizer.describe_backend()}; "
+            f"{max(1, config.workers)} {unit}(s)"
+        )
     if run.skipped and config.progress:
         progress.write(
             f"[tokenize] skipped {len(run.skipped)} completed input(s) of {len(run.mine)} "
             f"(parts in {run.parts_directory})"
         )
-    written, totals = _write_parts(config, run, progress)
+    written, totals = _write_parts(config, run, progress, tokenizer)
     progress.close()
+    if totals["unicode17_documents"] and config.progress:
+        reference = "tiktoken" if tokenizer.kind == "tiktoken" else "tokenizers"
+        handled = (
+            f"encoded by the reference backend ({reference}), as gigatoken classifies them "
+            "differently"
+            if run.fingerprint.get("unicode17") == "reference"
+            else f"kept gigatoken's ids, which differ from {reference}'s ({reference} is not "
+            "installed)"
+        )
+        progress.write(
+            f"[tokenize] {totals['unicode17_documents']:,} document(s) hold code points new "
+            f"in Unicode 17.0: {handled}"
+        )
 
     result_prefix: str | None = None
     if config.world_size == 1:
@@ -369,6 +416,8 @@ def tokenize(config: TokenizeConfig) -> TokenizeResult:
         text_bytes=totals["text_bytes"],
         seconds=time.perf_counter() - started,
         fingerprint=run.fingerprint,
+        backend=tokenizer.describe_backend(),
+        unicode17_documents=totals["unicode17_documents"],
     )
 
 
@@ -397,6 +446,7 @@ class _Run:
     """One rank's work: the job identity and which of its inputs still need a part."""
 
     fingerprint: dict[str, Any]
+    spec: TokenizerSpec
     options: EncodeOptions
     job: str
     option_fields: dict[str, Any]
@@ -447,6 +497,7 @@ class _Run:
         }
         return cls(
             fingerprint=fingerprint,
+            spec=config.tokenizer.resolved(tokenizer),
             options=options,
             job=job,
             option_fields=option_fields,
@@ -463,34 +514,54 @@ class _Run:
         return part_prefix(self.parts_directory, index, len(self.files))
 
 
+def _chunk_text_bytes(chunk: Chunk) -> int:
+    """The text a chunk holds (for the memory budget): its bytes, or a parquet row group's
+    uncompressed size."""
+    if chunk.kind != "parquet":
+        return len(chunk.data)
+    from tokenmill.tokenize.readers import _open_parquet
+
+    return int(_open_parquet(chunk.path).metadata.row_group(chunk.row_group).total_byte_size)
+
+
 def _write_parts(
-    config: TokenizeConfig, run: _Run, progress: Progress
+    config: TokenizeConfig, run: _Run, progress: Progress, tokenizer: Tokenizer
 ) -> tuple[list[str], dict[str, int]]:
     """Encode every pending input on the workers and write its part, in input order.
 
     Returns:
-        The parts written and the totals (documents, tokens, text bytes).
+        The parts written and the totals (documents, tokens, text bytes, Unicode-17 documents).
     """
     delay = float(os.environ.get(_DELAY_VARIABLE, "0") or 0)
     executor: Any
+    encoder = None
+    if config.workers == 0 or tokenizer.backend == "gigatoken":
+        encoder = Encoder(run.spec, run.options, tokenizer)
     if config.workers == 0:
-        executor = InlineExecutor(Encoder(config.tokenizer, run.options))
+        executor = InlineExecutor(encoder)
+    elif tokenizer.backend == "gigatoken":
+        executor = ThreadPoolExecutor(max_workers=config.workers, thread_name_prefix="encode")
     else:
         executor = ProcessPoolExecutor(
             max_workers=config.workers,
             mp_context=process_context(),
             initializer=initialize_worker,
-            initargs=(config.tokenizer, run.options),
+            initargs=(run.spec, run.options),
         )
+    task = encoder if encoder is not None and config.workers > 0 else encode_in_worker
     window = 2 * config.workers + 2
+    budget = config.memory_budget
+    sizes: dict[int, int] = {}  # id(future) -> estimated bytes held
 
     def jobs() -> Iterator[tuple[int, Future[Encoded] | None]]:
         for index, _ in run.pending:
             for chunk in iter_chunks(run.files[index], config.read):
-                yield index, executor.submit(encode_in_worker, chunk)
+                future = executor.submit(task, chunk)
+                sizes[id(future)] = MEMORY_PER_TEXT_BYTE * _chunk_text_bytes(chunk)
+                yield index, future
             yield index, None  # end of this input
 
-    totals = {"documents": 0, "tokens": 0, "text_bytes": 0}
+    totals = {"documents": 0, "tokens": 0, "text_bytes": 0, "unicode17_documents": 0}
     writers: dict[int, _PartWriter] = {}
     written: list[str] = []
     identities = dict(run.pending)
@@ -501,6 +572,7 @@ def _write_parts(
         if future is None:  # the input is done
             written.append(writers.pop(index).finish(run, identities[index]))
             return
+        sizes.pop(id(future), None)
         encoded = future.result()
         writers[index].add(encoded)
         tokens = int(encoded.tokens.shape[0])
@@ -508,6 +580,7 @@ def _write_parts(
         totals["documents"] += encoded.documents
         totals["tokens"] += tokens
         totals["text_bytes"] += encoded.text_bytes
+        totals["unicode17_documents"] += encoded.unicode17_documents
         if delay:
             time.sleep(delay)
 
@@ -515,7 +588,9 @@ def _write_parts(
         inflight: deque[tuple[int, Future[Encoded] | None]] = deque()
         for item in jobs():
             inflight.append(item)
-            while len(inflight) > window:
+            while len(inflight) > window or (
+                len(inflight) > 1 and sum(sizes.values()) > budget
+            ):
                 consume(*inflight.popleft())
         while inflight:
             consume(*inflight.popleft())
@@ -533,7 +608,7 @@ class _PartWriter:
     def __init__(self, prefix: str, dtype: str) -> None:
         self.prefix = prefix
         self.builder = IndexedDatasetBuilder(get_bin_path(prefix), dtype=numpy.dtype(dtype))
-        self.counts = {"documents": 0, "sequences": 0, "tokens": 0}
+        self.counts = {"documents": 0, "sequences": 0, "tokens": 0, "unicode17_documents": 0}
 
     def add(self, encoded: Encoded) -> None:
         self.builder.add_documents(
@@ -542,6 +617,7 @@ class _PartWriter:
         self.counts["documents"] += encoded.documents
         self.counts["sequences"] += int(encoded.sequence_lengths.shape[0])
         self.counts["tokens"] += int(encoded.tokens.shape[0])
+        self.counts["unicode17_documents"] += encoded.unicode17_documents
 
     def finish(self, run: _Run, identity: dict[str, Any]) -> str:
         """Finalize the ``.bin/.idx``, then write the record that marks the part done."""

@@ -1,4 +1,5 @@
-"""Tokenizers the pipeline can run: built-in bytes, HF ``tokenizers`` and ``tiktoken``, all offline.
+"""Tokenizers the pipeline can run: built-in bytes, HF ``tokenizers``, ``tiktoken`` and
+``gigatoken``, all offline.
 
 * ``bytes``: UTF-8 bytes as ids 0-255, BOS = 256, EOD = 257, vocabulary 258. Needs no file and
   no package; decoding is exact.
@@ -7,12 +8,32 @@
 * ``tiktoken``: a local ``.tiktoken`` BPE file (``load_tiktoken_bpe``), with the GPT-2
   pre-tokenizer pattern and ``<|endoftext|>`` as the id after the last rank (50256 for GPT-2).
   Nothing is downloaded.
+* ``gigatoken`` (:mod:`tokenmill.tokenize.gigatoken_backend`): either file, encoded by the
+  gigatoken library to the same ids as the two *reference* backends above, 5-20x faster.
 
-Every tokenizer encodes *ordinary* text: special-token strings that occur inside a document are
-tokenized as text, never turned into control ids (so a document cannot inject an EOD).
+A tokenizer *file* has a ``kind`` (its format: ``huggingface`` for a tokenizer.json, ``tiktoken``
+for a rank file) and is run by a *backend* (``tokenizers``, ``tiktoken`` or ``gigatoken``).
+``TokenizerSpec.backend`` chooses it: ``"reference"`` (the file format's own library),
+``"gigatoken"``, or ``"auto"`` (the default: gigatoken when it is installed and loads the file
+and agrees with the reference on a probe text, else the reference; the loaded tokenizer's
+``selection`` says which and why). Loading is strictly local: a path that is not an existing
+file is an error, never a Hub lookup.
+
+The encoding rules every backend follows (tested differentially, document by document):
+
+* text is *ordinary*: special-token strings inside a document (``<|endoftext|>``) are encoded
+  as text, exactly as tiktoken's ``encode_ordinary`` does, never as control ids, so a document
+  cannot inject an EOD (for a tokenizer.json: every added token marked ``special``; added tokens
+  that are not special stay whole words, as HF does);
+* no BOS/EOS/post-processor tokens are added by the tokenizer; the pipeline appends EOD and
+  prepends BOS itself;
+* an empty document encodes to no ids (and stays a document of the output).
+
 A :class:`TokenizerSpec` is a small picklable description that worker processes load from; the
 loaded tokenizer's :meth:`Tokenizer.fingerprint` (file sha256, kind, vocabulary size, special
-ids) is what shards record and what mixing checks compare.
+ids, plus the backend and its version) is what shards record; mixing checks compare only the
+first five (:meth:`Tokenizer.identity`), so data tokenized by gigatoken and by the reference
+backend from the same file blends: the ids are the same.
 
 The tokenizer objects also carry the attributes megatron's ``GPTDatasetConfig`` reads
 (``vocab_size``, ``eod``, ``unique_identifiers``), so the same object configures the datasets.
@@ -21,6 +42,8 @@ The tokenizer objects also carry the attributes megatron's ``GPTDatasetConfig`` 
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
+import importlib.util
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -31,6 +54,7 @@ import numpy
 import numpy.typing as npt
 
 __all__ = [
+    "BACKENDS",
     "GPT2_PATTERN",
     "ByteTokenizer",
     "HuggingFaceTokenizer",
@@ -47,7 +71,21 @@ ENDOFTEXT = "<|endoftext|>"
 
 _KINDS = ("bytes", "huggingface", "tiktoken")
 
+BACKENDS = ("auto", "gigatoken", "reference")
+"""``TokenizerSpec.backend`` values: choose automatically, force gigatoken, force the file
+format's own library (HF ``tokenizers`` or ``tiktoken``)."""
+
+_IDENTITY_FIELDS = ("kind", "sha256", "vocab_size", "bos_id", "eod_id")
+
 TokenArray = npt.NDArray[Any]
+
+
+def package_version(name: str) -> str:
+    """The installed version of a distribution, or "unknown"."""
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
 
 
 def _sha256(path: str) -> str:
@@ -68,6 +106,9 @@ class Tokenizer:
         eod_id: the end-of-document id, or None if the tokenizer has none.
         sha256: the sha256 of the tokenizer file (of a fixed description for ``bytes``).
         path: the tokenizer file, or None.
+        backend: the library that encodes: "tokenmill" (bytes), "tokenizers", "tiktoken" or
+            "gigatoken".
+        selection: why this backend runs (for ``TokenizerSpec(backend="auto")``), or "".
     """
 
     kind: str
@@ -76,6 +117,8 @@ class Tokenizer:
     eod_id: int | None
     sha256: str
     path: str | None
+    backend: str = "tokenmill"
+    selection: str = ""
 
     def encode_batch(self, texts: Sequence[str]) -> list[TokenArray]:
         """Token ids of each text (ordinary text: no special tokens), as 1-D integer arrays."""
@@ -85,8 +128,9 @@ class Tokenizer:
         """The text of a sequence of ids."""
         raise NotImplementedError
 
-    def fingerprint(self) -> dict[str, Any]:
-        """What identifies the tokenizer's output: kind, file sha256, vocabulary, special ids."""
+    def identity(self) -> dict[str, Any]:
+        """What identifies the tokenizer's ids: kind, file sha256, vocabulary, special ids (the
+        fields that mixing checks compare)."""
         return {
             "kind": self.kind,
             "sha256": self.sha256,
@@ -94,6 +138,21 @@ class Tokenizer:
             "bos_id": self.bos_id,
             "eod_id": self.eod_id,
         }
+
+    def backend_fields(self) -> dict[str, Any]:
+        """Which library encoded, and its version (recorded in sidecars, never compared)."""
+        version = tokenmill_version() if self.backend == "tokenmill" else package_version(self.backend)
+        return {"backend": self.backend, "backend_version": version}
+
+    def fingerprint(self) -> dict[str, Any]:
+        """The sidecar's ``tokenizer`` object: :meth:`identity` plus :meth:`backend_fields`."""
+        return {**self.identity(), **self.backend_fields()}
+
+    def describe_backend(self) -> str:
+        """``"<backend> <version>"`` and, when chosen automatically, why."""
+        fields = self.backend_fields()
+        text = f"{fields['backend']} {fields['backend_version']}"
+        return f"{text} ({self.selection})" if self.selection else text
 
     # The attributes megatron's datasets read from a tokenizer.
     @property
@@ -109,12 +168,25 @@ class Tokenizer:
 
     @property
     def unique_identifiers(self) -> dict[str, Any]:
-        """Megatron's cache-key description of the tokenizer."""
-        return {"class": type(self).__name__, **self.fingerprint()}
+        """Megatron's cache-key description of the tokenizer (its ids' identity: index caches are
+        shared by every backend of one tokenizer file)."""
+        return {"class": self.identity_class, **self.identity()}
+
+    @property
+    def identity_class(self) -> str:
+        """The class name in :attr:`unique_identifiers` (the reference class for gigatoken)."""
+        return type(self).__name__
 
     def describe(self) -> str:
         """A short human-readable name: kind and file."""
         return self.kind if self.path is None else f"{self.kind} ({self.path})"
+
+
+def tokenmill_version() -> str:
+    """tokenmill's own version (the backend of the bytes tokenizer)."""
+    from tokenmill import __version__
+
+    return str(__version__)
 
 
 class ByteTokenizer(Tokenizer):
@@ -167,6 +239,10 @@ class HuggingFaceTokenizer(Tokenizer):
             raise ValueError(f"{self.path}: not a HF tokenizers file: {error}") from error
         tokenizer.no_padding()
         tokenizer.no_truncation()
+        # special-token text in a document is ordinary text (the module's rules); added tokens
+        # that are not special still match as words, as in every HF encode
+        tokenizer.encode_special_tokens = True
+        self.backend = "tokenizers"
         self._tokenizer = tokenizer
         self.vocab_size = int(tokenizer.get_vocab_size(with_added_tokens=True))
         self.sha256 = _sha256(self.path)
@@ -218,6 +294,7 @@ class TiktokenTokenizer(Tokenizer):
         import tiktoken.load
 
         self.kind = "tiktoken"
+        self.backend = "tiktoken"
         self.path = os.fspath(path)
         if not os.path.isfile(self.path):
             raise FileNotFoundError(f"tokenizer file not found: {self.path}")
@@ -264,21 +341,28 @@ class TokenizerSpec:
     """A picklable description of a tokenizer, loaded once per worker process.
 
     Args:
-        kind: "bytes", "huggingface" or "tiktoken".
+        kind: "bytes", "huggingface" (a tokenizer.json) or "tiktoken" (a rank file).
         path: the tokenizer file (None for "bytes").
         bos_token: BOS token string (HF / tiktoken), None for the default.
         eod_token: EOD token string (HF / tiktoken), None for the default.
+        backend: "auto", "gigatoken" or "reference" (see the module docstring); ignored by
+            "bytes".
     """
 
     kind: str = "bytes"
     path: str | None = None
     bos_token: str | None = None
     eod_token: str | None = None
+    backend: str = "auto"
 
     def __post_init__(self) -> None:
         if self.kind not in _KINDS:
             raise ValueError(
                 f"tokenizer kind must be one of {', '.join(_KINDS)}, got {self.kind!r}"
+            )
+        if self.backend not in BACKENDS:
+            raise ValueError(
+                f"tokenizer backend must be one of {', '.join(BACKENDS)}, got {self.backend!r}"
             )
         if self.kind == "bytes" and self.path is not None:
             raise ValueError(f"the bytes tokenizer takes no file, got path={self.path!r}")
@@ -289,29 +373,83 @@ class TokenizerSpec:
     def parse(
         cls, value: str, bos_token: str | None = None, eod_token: str | None = None
     ) -> TokenizerSpec:
-        """A spec from a command-line value: ``bytes``, ``*.json`` (HF) or ``*.tiktoken``.
+        """A spec from a command-line value: ``bytes``, or ``[BACKEND:]PATH`` with PATH a
+        ``*.json`` (HF tokenizer.json) or ``*.tiktoken`` file and BACKEND ``gigatoken`` or
+        ``reference`` (none: automatic).
 
         Raises:
             ValueError: the value is none of these.
         """
         if value in ("bytes", "byte"):
             return cls("bytes")
-        if value.endswith(".tiktoken"):
-            return cls("tiktoken", value, bos_token, eod_token)
-        if value.endswith(".json"):
-            return cls("huggingface", value, bos_token, eod_token)
+        backend = "auto"
+        path = value
+        prefix, separator, rest = value.partition(":")
+        if separator and prefix in ("gigatoken", "reference") and rest:
+            backend, path = prefix, rest
+        if path.endswith(".tiktoken"):
+            return cls("tiktoken", path, bos_token, eod_token, backend)
+        if path.endswith(".json"):
+            return cls("huggingface", path, bos_token, eod_token, backend)
         raise ValueError(
-            f"tokenizer must be 'bytes', a HF tokenizer.json or a .tiktoken file, got {value!r}"
+            "tokenizer must be 'bytes', a HF tokenizer.json or a .tiktoken file, optionally "
+            f"prefixed by 'gigatoken:' or 'reference:', got {value!r}"
         )
 
     def load(self) -> Tokenizer:
-        """Build the tokenizer (imports its package)."""
+        """Build the tokenizer (imports its package).
+
+        Raises:
+            FileNotFoundError: the tokenizer file does not exist.
+            ValueError: the file is not a tokenizer of its kind; ``backend="gigatoken"`` and
+                gigatoken is not installed, cannot load the file or disagrees with the reference.
+        """
         if self.kind == "bytes":
             return ByteTokenizer()
         assert self.path is not None  # checked in __post_init__
+        if not os.path.isfile(self.path):  # never a Hub lookup, whatever the backend
+            raise FileNotFoundError(f"tokenizer file not found: {self.path}")
+        if self.backend == "reference":
+            return self._load_reference()
+        if self.backend == "gigatoken":
+            return self._load_gigatoken()
+        if importlib.util.find_spec("gigatoken") is None:
+            tokenizer = self._load_reference()
+            tokenizer.selection = "gigatoken is not installed: pip install 'tokenmill[gigatoken]'"
+            return tokenizer
+        try:
+            return self._load_gigatoken()
+        except ValueError as error:
+            tokenizer = self._load_reference()
+            tokenizer.selection = f"gigatoken cannot run this file: {error}"
+            return tokenizer
+
+    def _load_reference(self) -> Tokenizer:
+        assert self.path is not None
         if self.kind == "tiktoken":
             return TiktokenTokenizer(self.path, self.bos_token, self.eod_token)
         return HuggingFaceTokenizer(self.path, self.bos_token, self.eod_token)
+
+    def _load_gigatoken(self) -> Tokenizer:
+        assert self.path is not None
+        if importlib.util.find_spec("gigatoken") is None:
+            raise ValueError(
+                "backend 'gigatoken' needs the gigatoken package: pip install 'tokenmill[gigatoken]'"
+            )
+        from tokenmill.tokenize.gigatoken_backend import GigatokenTokenizer
+
+        tokenizer = GigatokenTokenizer(self.path, self.kind, self.bos_token, self.eod_token)
+        if self.backend == "auto":
+            tokenizer.selection = "chosen automatically: installed, loads the file, probe agrees"
+        return tokenizer
+
+    def resolved(self, tokenizer: Tokenizer) -> TokenizerSpec:
+        """This spec with ``backend`` fixed to what ``tokenizer`` (its :meth:`load`) runs, so
+        worker processes load the same backend without choosing again."""
+        if self.kind == "bytes":
+            return self
+        backend = "gigatoken" if tokenizer.backend == "gigatoken" else "reference"
+        return TokenizerSpec(self.kind, self.path, self.bos_token, self.eod_token, backend)
 
 
 def load_tokenizer(
@@ -325,7 +463,7 @@ def load_tokenizer(
         eod_token: the EOD token string (HF / tiktoken).
 
     Returns:
-        The loaded tokenizer.
+        The loaded tokenizer (gigatoken's when installed and able to; see the module docstring).
 
     Raises:
         FileNotFoundError: the tokenizer file is missing.
