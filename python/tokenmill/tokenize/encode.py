@@ -209,10 +209,13 @@ def shape_documents(
     has_eod = options.append_eod and options.eod_id is not None
     extra = int(has_bos) + int(has_eod)
     sequence_lengths = lengths[nonempty] + extra
-    if options.window is not None and sequence_lengths.shape[0]:
-        if int(sequence_lengths.max()) > options.window:
-            arrays = [content[offsets[i] : offsets[i + 1]] for i in range(lengths.shape[0])]
-            return _shape_arrays(arrays, options, dtype)
+    if (
+        options.window is not None
+        and sequence_lengths.shape[0]
+        and int(sequence_lengths.max()) > options.window
+    ):
+        arrays = [content[offsets[i] : offsets[i + 1]] for i in range(lengths.shape[0])]
+        return _shape_arrays(arrays, options, dtype)
     per_document = nonempty.astype(numpy.int64)
     if extra == 0:
         return content.astype(dtype), sequence_lengths, per_document

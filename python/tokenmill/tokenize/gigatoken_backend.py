@@ -20,10 +20,13 @@ How the reference's rules are kept (``tokenmill.tokenize.tokenizers`` lists them
 * documents holding a code point new in Unicode 17.0 (``tokenmill.tokenize.unicode17``) are
   encoded by the reference backend, which is loaded once for that (and for the probe below).
 
-On load, when the reference library is installed, both encode a probe text (scripts, digits,
-whitespace runs, contractions, emoji, combining marks, special-token text, control characters)
-and must agree, so a tokenizer.json that gigatoken reads differently (an unsupported normalizer
-or pre-tokenizer) is refused with the first differing text rather than tokenized differently.
+On load of a tokenizer.json, when HF ``tokenizers`` is installed, both encode a probe text
+(scripts, digits, whitespace runs, contractions, emoji, combining marks, special-token text,
+control characters) and must agree, so a tokenizer.json that gigatoken reads differently (an
+unsupported normalizer or pre-tokenizer) is refused with the first differing text rather than
+tokenized differently. A rank file needs no probe: it carries only ranks, and both backends run
+them with the GPT-2 pattern and no special tokens (the test suite checks the agreement); tiktoken
+is loaded only if a document needs it.
 
 Vocabulary size and special ids come from the file itself, computed as the reference does
 (``get_vocab_size(with_added_tokens=True)``: the distinct token strings of the model vocabulary
@@ -33,11 +36,10 @@ reference's and shards of both backends blend.
 
 from __future__ import annotations
 
-import base64
-import binascii
 import importlib.util
 import json
 import os
+import re
 import threading
 from collections.abc import Sequence
 from pathlib import Path
@@ -47,13 +49,13 @@ import numpy
 import numpy.typing as npt
 
 from tokenmill.tokenize.packed_text import SEPARATOR, PackedText, pack_texts
-from tokenmill.tokenize.tokenizers import (
+from tokenmill.tokenize.reference_backends import (
     ENDOFTEXT,
     HuggingFaceTokenizer,
     TiktokenTokenizer,
     TokenArray,
     Tokenizer,
-    _sha256,
+    file_sha256,
     package_version,
 )
 from tokenmill.tokenize.unicode17 import documents_with_new_code_points
@@ -81,29 +83,29 @@ Encoding = tuple[npt.NDArray[numpy.uint32], npt.NDArray[numpy.int64], int]
 (documents + 1), and how many documents the reference backend encoded."""
 
 
+_RANK_FILE = re.compile(
+    rb"(?:[A-Za-z0-9+/]+={0,2} [0-9]+\r?\n|[ \t\r]*\n)*(?:[A-Za-z0-9+/]+={0,2} [0-9]+)?\s*"
+)
+
+
 def _tiktoken_max_rank(path: str) -> int:
-    """The largest rank of a ``.tiktoken`` file, read as tiktoken's ``load_tiktoken_bpe`` reads
-    it (base64 token, space, rank per line).
+    """The largest rank of a ``.tiktoken`` file (base64 token, space, rank per line, as
+    tiktoken's ``load_tiktoken_bpe`` reads it), checked with one regular-expression pass.
 
     Raises:
         ValueError: a line is not a token and a rank; the file has no ranks.
     """
-    largest = -1
-    with open(path, "rb") as stream:
-        for number, line in enumerate(stream, start=1):
-            if not line.strip():
-                continue
-            parts = line.split()
-            try:
-                if len(parts) != 2:
-                    raise ValueError(f"expected 'token rank', got {line[:40]!r}")
-                base64.b64decode(parts[0], validate=True)
-                largest = max(largest, int(parts[1]))
-            except (ValueError, binascii.Error) as error:
-                raise ValueError(f"{path}: not a .tiktoken BPE file: line {number}: {error}") from error
-    if largest < 0:
+    data = Path(path).read_bytes()
+    match = _RANK_FILE.match(data)
+    if match is None or match.end() != len(data):
+        offset = match.end() if match else 0
+        line = data.count(b"\n", 0, offset) + 1
+        text = data[offset : offset + 40].split(b"\n")[0]
+        raise ValueError(f"{path}: not a .tiktoken BPE file: line {line}: {text!r}")
+    ranks = data.split()[1::2]
+    if not ranks:
         raise ValueError(f"{path}: not a .tiktoken BPE file: it has no ranks")
-    return largest
+    return max(map(int, ranks))
 
 
 class GigatokenTokenizer(Tokenizer):
@@ -114,8 +116,8 @@ class GigatokenTokenizer(Tokenizer):
         kind: "huggingface" or "tiktoken"; None: from the suffix (.tiktoken or else json).
         bos_token: the BOS token string; None: the EOD token.
         eod_token: the EOD token string; None: ``<|endoftext|>`` (if the vocabulary has it).
-        verify: encode the probe texts with both backends and refuse a disagreement (needs the
-            reference library; skipped without it).
+        verify: for a tokenizer.json, encode the probe texts with both backends and refuse a
+            disagreement (needs HF tokenizers; skipped without it).
 
     Raises:
         FileNotFoundError: the file does not exist.
@@ -133,14 +135,16 @@ class GigatokenTokenizer(Tokenizer):
     ) -> None:
         import gigatoken
 
-        self.path = os.fspath(path)
-        if not os.path.isfile(self.path):
-            raise FileNotFoundError(f"tokenizer file not found: {self.path}")
-        self.kind = kind or ("tiktoken" if self.path.endswith(".tiktoken") else "huggingface")
+        self.path = self._file = os.fspath(path)
+        if not os.path.isfile(self._file):
+            raise FileNotFoundError(f"tokenizer file not found: {self._file}")
+        self.kind = kind or ("tiktoken" if self._file.endswith(".tiktoken") else "huggingface")
         if self.kind not in ("huggingface", "tiktoken"):
-            raise ValueError(f"gigatoken runs huggingface or tiktoken files, got kind {self.kind!r}")
+            raise ValueError(
+                f"gigatoken runs huggingface or tiktoken files, got kind {self.kind!r}"
+            )
         self.backend = "gigatoken"
-        self.sha256 = _sha256(self.path)
+        self.sha256 = file_sha256(self.path)
         self._bos_token = bos_token
         self._eod_token = eod_token
         self._reference: Tokenizer | None = None
@@ -155,13 +159,13 @@ class GigatokenTokenizer(Tokenizer):
         except Exception as error:  # gigatoken's loaders raise their own types
             raise ValueError(f"{self.path}: gigatoken cannot load it: {error}") from error
         self.route_unicode17 = self._reference_available()
-        if verify and self.route_unicode17:
+        if verify and self.route_unicode17 and self.kind == "huggingface":
             self._verify()
 
     # ------------------------------------------------------------------------- loading
 
     def _load_tiktoken(self, gigatoken: Any, bos_token: str | None, eod_token: str | None) -> Any:
-        largest = _tiktoken_max_rank(self.path)
+        largest = _tiktoken_max_rank(self._file)
         special = {ENDOFTEXT: largest + 1}  # as TiktokenTokenizer: the id after the last rank
         for field, token in (("bos_token", bos_token), ("eod_token", eod_token)):
             if token is not None and token not in special:
@@ -173,13 +177,13 @@ class GigatokenTokenizer(Tokenizer):
         self.eod_id = special[ENDOFTEXT]
         self.bos_id = special[bos_token] if bos_token is not None else self.eod_id
         # the GPT-2 pattern (tokenmill's TiktokenTokenizer) and no special tokens: ordinary text
-        return gigatoken.Tokenizer.from_tiktoken(self.path, pretokenizer="gpt2", special_tokens={})
+        return gigatoken.Tokenizer.from_tiktoken(self._file, pretokenizer="gpt2", special_tokens={})
 
     def _load_tokenizer_json(
         self, gigatoken: Any, bos_token: str | None, eod_token: str | None
     ) -> Any:
         try:
-            config = json.loads(Path(self.path).read_bytes())
+            config = json.loads(Path(self._file).read_bytes())
         except ValueError as error:
             raise ValueError(f"{self.path}: not a HF tokenizers file: {error}") from error
         model = config.get("model") if isinstance(config, dict) else None
@@ -226,10 +230,12 @@ class GigatokenTokenizer(Tokenizer):
         with self._reference_lock:
             if self._reference is None:
                 if self.kind == "tiktoken":
-                    self._reference = TiktokenTokenizer(self.path, self._bos_token, self._eod_token)
+                    self._reference = TiktokenTokenizer(
+                        self._file, self._bos_token, self._eod_token
+                    )
                 else:
                     self._reference = HuggingFaceTokenizer(
-                        self.path, self._bos_token, self._eod_token
+                        self._file, self._bos_token, self._eod_token
                     )
             return self._reference
 

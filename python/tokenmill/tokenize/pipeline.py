@@ -39,6 +39,7 @@ decompresses, cuts chunks at newlines and writes, which is two orders of magnitu
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import glob as glob_module
 import hashlib
 import json
@@ -68,6 +69,7 @@ from tokenmill.tokenize.encode import (
 )
 from tokenmill.tokenize.progress import Progress
 from tokenmill.tokenize.readers import (
+    GIGATOKEN_CHUNK_BYTES,
     Chunk,
     ReadOptions,
     expand_inputs,
@@ -322,8 +324,6 @@ def write_nanogpt_output(megatron_prefix: str, output_prefix: str, bos_id: int) 
 def _tokenize_to_object_storage(config: TokenizeConfig) -> TokenizeResult:
     """An ``s3://`` output prefix: tokenize into the staging path, then upload (see
     ``tokenmill.storage.staging``); a rerun after a kill resumes from the staged parts."""
-    import dataclasses
-
     from tokenmill.storage.object_storage import require_s3
     from tokenmill.storage.staging import remove_staged_prefix, staged_path, upload_prefix
 
@@ -366,16 +366,23 @@ def tokenize(config: TokenizeConfig) -> TokenizeResult:
         )
     started = time.perf_counter()
     tokenizer = _load_tokenizer(config)
+    if config.read.chunk_bytes is None:
+        chunk_bytes = GIGATOKEN_CHUNK_BYTES if tokenizer.backend == "gigatoken" else None
+        config = dataclasses.replace(
+            config, read=dataclasses.replace(config.read, chunk_bytes=chunk_bytes)
+        )
     run = _Run.plan(config, tokenizer)
     progress = Progress(
         sum(identity["size"] for _, identity in run.pending), enabled=config.progress
     )
     if config.progress:
-        unit = "thread" if tokenizer.backend == "gigatoken" else "worker process"
-        progress.write(
-            f"[tokenize] backend: {tokenizer.describe_backend()}; "
-            f"{max(1, config.workers)} {unit}(s)"
-        )
+        count = max(1, config.workers)
+        if tokenizer.backend == "gigatoken":
+            unit = "thread" if count == 1 else "threads"
+        else:
+            unit = "worker process" if config.workers else "process"
+            unit = unit if count == 1 else unit + "es"
+        progress.write(f"[tokenize] backend: {tokenizer.describe_backend()}; {count} {unit}")
     if run.skipped and config.progress:
         progress.write(
             f"[tokenize] skipped {len(run.skipped)} completed input(s) of {len(run.mine)} "
@@ -537,7 +544,7 @@ def _write_parts(
     encoder = None
     if config.workers == 0 or tokenizer.backend == "gigatoken":
         encoder = Encoder(run.spec, run.options, tokenizer)
-    if config.workers == 0:
+    if encoder is not None and config.workers == 0:
         executor = InlineExecutor(encoder)
     elif tokenizer.backend == "gigatoken":
         executor = ThreadPoolExecutor(max_workers=config.workers, thread_name_prefix="encode")
@@ -588,9 +595,7 @@ def _write_parts(
         inflight: deque[tuple[int, Future[Encoded] | None]] = deque()
         for item in jobs():
             inflight.append(item)
-            while len(inflight) > window or (
-                len(inflight) > 1 and sum(sizes.values()) > budget
-            ):
+            while len(inflight) > window or (len(inflight) > 1 and sum(sizes.values()) > budget):
                 consume(*inflight.popleft())
         while inflight:
             consume(*inflight.popleft())
