@@ -41,7 +41,9 @@ def ranges_from_unicode_age(version: tuple[int, int]) -> list[tuple[int, int]]:
     """The same ranges from the ``unicode-age`` package."""
     from unicode_age.unicode_age_db import iter_spans
 
-    return [(first, last) for first, last, major, minor in iter_spans() if (major, minor) == version]
+    return [
+        (first, last) for first, last, major, minor in iter_spans() if (major, minor) == version
+    ]
 
 
 def merge(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
