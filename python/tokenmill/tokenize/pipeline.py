@@ -47,7 +47,7 @@ import os
 import shutil
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -285,12 +285,14 @@ def _check_output_format(output_format: str) -> None:
         )
 
 
-def write_nanogpt_output(megatron_prefix: str, output_prefix: str, bos_id: int) -> list[str]:
-    """modded-nanogpt shard(s) `<output_prefix>.bin` (+ `.bos.idx`) from a Megatron dataset.
+def write_nanogpt_output(
+    megatron_prefixes: str | Sequence[str], output_prefix: str, bos_id: int
+) -> list[str]:
+    """modded-nanogpt shard(s) `<output_prefix>.bin` (+ `.bos.idx`) from Megatron datasets.
 
-    Streams the tokens (constant memory) into NanogptShardWriter, which records the BOS
-    positions for the `.bos.idx` sidecar; data beyond one shard's 2^31 - 1 tokens goes to
-    `<output_prefix>_000000.bin`, `_000001.bin`, ...
+    Streams the tokens of each dataset in order (constant memory, no merged copy first) into
+    NanogptShardWriter, which records the BOS positions for the `.bos.idx` sidecar; data beyond
+    one shard's 2^31 - 1 tokens goes to `<output_prefix>_000000.bin`, `_000001.bin`, ...
 
     Returns:
         The shard paths written.
@@ -298,21 +300,34 @@ def write_nanogpt_output(megatron_prefix: str, output_prefix: str, bos_id: int) 
     from tokenmill.formats.megatron import IndexedDataset
     from tokenmill.formats.nanogpt import MAX_TOKENS, NanogptShardWriter
 
-    dataset = IndexedDataset(megatron_prefix)
-    tokens = dataset._tokens
-    if tokens is None:  # an empty .bin is not mapped
-        tokens = numpy.zeros(0, dtype=dataset.dtype)
-    count = int(tokens.shape[0])
-    dtype = numpy.dtype(numpy.uint16) if tokens.dtype.itemsize <= 2 else numpy.dtype(numpy.uint32)
-    pieces = [(low, min(count, low + MAX_TOKENS)) for low in range(0, count, MAX_TOKENS)]
-    pieces = pieces or [(0, 0)]
+    prefixes = [megatron_prefixes] if isinstance(megatron_prefixes, str) else megatron_prefixes
+    datasets = [IndexedDataset(prefix) for prefix in prefixes]
+    arrays = [
+        dataset._tokens if dataset._tokens is not None else numpy.zeros(0, dataset.dtype)
+        for dataset in datasets  # an empty .bin is not mapped
+    ]
+    count = sum(int(array.shape[0]) for array in arrays)
+    widest = max((array.dtype.itemsize for array in arrays), default=2)
+    dtype = numpy.dtype(numpy.uint16) if widest <= 2 else numpy.dtype(numpy.uint32)
+    shards = max(1, -(-count // MAX_TOKENS))
     paths = []
-    for number, (low, high) in enumerate(pieces):
-        path = output_prefix + (".bin" if len(pieces) == 1 else f"_{number:06d}.bin")
+    pieces = iter(
+        (array, start, min(int(array.shape[0]), start + (1 << 24)))
+        for array in arrays
+        for start in range(0, int(array.shape[0]), 1 << 24)
+    )
+    pending: tuple[Any, int, int] | None = next(pieces, None)
+    for number in range(shards):
+        path = output_prefix + (".bin" if shards == 1 else f"_{number:06d}.bin")
         writer = NanogptShardWriter(path, dtype, bos_token=bos_id)
+        room = MAX_TOKENS
         try:
-            for start in range(low, high, 1 << 24):
-                writer.write(tokens[start : min(high, start + (1 << 24))])
+            while pending is not None and room > 0:
+                array, start, stop = pending
+                take = min(stop - start, room)
+                writer.write(array[start : start + take])
+                room -= take
+                pending = (array, start + take, stop) if start + take < stop else next(pieces, None)
             writer.finalize()
         except BaseException:
             writer.abort()
@@ -645,16 +660,30 @@ class _PartWriter:
 def _assemble(config: TokenizeConfig, run: _Run, tokenizer: Tokenizer) -> None:
     """Merge every part into the output (one rank: all parts are this run's) and remove the
     parts directory unless asked to keep it."""
-    from tokenmill.tokenize.merge import merge_datasets
+    from tokenmill.formats.dataset_sidecar import check_compatible
+    from tokenmill.tokenize.merge import dataset_counts, merge_datasets, write_merged_sidecar
 
     all_parts = [run.part(index) for index in range(len(run.files))]
     if config.output_format == "nanogpt":
         assert tokenizer.bos_id is not None  # checked by _load_tokenizer
-        merged = os.path.join(run.parts_directory, "merged")
-        merge_datasets(all_parts, merged, progress=config.progress)
-        write_nanogpt_output(merged, run.output_prefix, tokenizer.bos_id)
-        shutil.copyfile(sidecar_path(merged), sidecar_path(run.output_prefix))
+        fingerprint = check_compatible(all_parts)
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(sidecar_path(run.output_prefix))
+        write_nanogpt_output(all_parts, run.output_prefix, tokenizer.bos_id)
+        write_merged_sidecar(
+            run.output_prefix,
+            fingerprint,
+            [read_sidecar(part) for part in all_parts],
+            run.options.dtype,
+            *dataset_counts(all_parts),
+        )
     else:
-        merge_datasets(all_parts, run.output_prefix, progress=config.progress)
+        # one part (one input) is renamed into place: the same bytes, written once
+        merge_datasets(
+            all_parts,
+            run.output_prefix,
+            progress=config.progress,
+            move_single=not config.keep_parts,
+        )
     if not config.keep_parts:
         shutil.rmtree(run.parts_directory, ignore_errors=True)
