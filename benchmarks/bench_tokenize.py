@@ -255,7 +255,17 @@ def run_megatron(
     lines = [line for line in result.stdout.splitlines() if line.startswith("BENCH")]
     if result.returncode != 0 or not lines:
         error = (result.stderr.strip().splitlines() or ["no output"])[-1]
-        return f"does not run here: {error}"
+        interpreter = subprocess.run(
+            [command[0], "-c", "import sys; print(sys.version.split()[0])"],
+            capture_output=True, text=True, check=False,
+        ).stdout.strip()  # fmt: skip
+        hint = (
+            "; Megatron-LM needs Python >= 3.12 (typing.override) and torch: pass "
+            "--megatron-python with such an environment"
+            if "override" in error
+            else ""
+        )
+        return f"does not run with Python {interpreter}: {error}{hint}"
     _, seconds, cpu, rss = lines[-1].split()
     return {"seconds": float(seconds), "cpu": float(cpu), "rss_mb": float(rss) / 1024}
 
