@@ -28,14 +28,13 @@ pytest.importorskip("gigatoken")
 pytest.importorskip("tokenizers")
 pytest.importorskip("tiktoken")
 
-from tokenmill import _core
 from tokenmill.errors import DataFormatError
 from tokenmill.formats.dataset_sidecar import check_compatible, read_sidecar
 from tokenmill.formats.megatron import IndexedDataset
 from tokenmill.tokenize.gigatoken_backend import GigatokenTokenizer
-from tokenmill.tokenize.packed_text import pack_chunk, pack_texts
+from tokenmill.tokenize.packed_text import pack_texts
 from tokenmill.tokenize.pipeline import TokenizeConfig, tokenize
-from tokenmill.tokenize.readers import Chunk, ReadOptions, iter_chunks, parse_chunk
+from tokenmill.tokenize.readers import ReadOptions, iter_chunks
 from tokenmill.tokenize.tokenizers import (
     HuggingFaceTokenizer,
     TiktokenTokenizer,
@@ -452,103 +451,7 @@ def test_unicode17_documents_go_to_the_reference_and_the_output_says_so(
     assert [kept[i].tolist() == routed[i].tolist() for i in range(4)] == [True, False, True, False]
 
 
-# ----------------------------------------------------------------------------- packers
-
-
-JSON_LINES = [
-    b'{"text": "a"}',
-    b'{"text": "a\\n\\u00e9\\ud83d\\ude00\\"q\\"\\/\\b\\f\\r\\t\\\\"}',
-    b'{"text": "a", "text": "last wins"}',
-    b'{"text": 1, "text": "string last"}',
-    b'{"text": "string first", "text": 1}',
-    b'{"meta": {"text": "nested"}, "text": "top"}',
-    b'{"te\\u0078t": "escaped key"}',
-    b'  {"text" :"spaces" , "n": [1, -2.5e-3, 0, true, false, null, {"a": []}] }  ',
-    b'{"text": "crlf"}\r',
-    b'{"text": ""}',
-    b"",
-    b"   \t",
-    b"\x0b\x0c",
-    b'{"text": "a", "x": ]',
-    b'{"text": "a"} tail',
-    b'{"text": "a",}',
-    b'{"text": "bad \\x escape"}',
-    b'{"text": "lone \\ud800 surrogate"}',
-    b'{"text": "lone \\udc00 low"}',
-    b'{"text": NaN, "text": "after nan"}',
-    b'\xef\xbb\xbf{"text": "bom"}',
-    b'{"text": "raw \xff byte"}',
-    b'{"text": "raw \xed\xa0\x80 surrogate"}',
-    b'{"text": "control \x01 char"}',
-    b'{"text": 01}',
-    b'{"text": "big", "n": 123456789012345678901234567890}',
-    b'["text"]',
-    b'{"body": "no key"}',
-    b'"text"',
-    b"{}",
-]
-
-
-def _python_pack(chunk: Chunk, options: ReadOptions) -> tuple[object, object]:
-    try:
-        texts = parse_chunk(chunk, options)
-    except DataFormatError as error:
-        return "error", str(error)
-    try:
-        packed = pack_texts(texts)
-    except UnicodeEncodeError:
-        return "unencodable", None
-    return packed.data, packed.lengths.tolist()
-
-
-def _fast_pack(chunk: Chunk, options: ReadOptions) -> tuple[object, object]:
-    try:
-        packed = pack_chunk(chunk, options)
-    except DataFormatError as error:
-        return "error", str(error)
-    except UnicodeEncodeError:
-        return "unencodable", None
-    return packed.data, packed.lengths.tolist()
-
-
-@given(st.lists(st.sampled_from(JSON_LINES), max_size=8), st.booleans())
-def test_jsonl_packer_reads_exactly_what_the_python_reader_reads(
-    lines: list[bytes], final_newline: bool
-) -> None:
-    data = b"\n".join(lines) + (b"\n" if final_newline else b"")
-    chunk = Chunk("in.jsonl", "jsonl", data, first_line=7)
-    options = ReadOptions()
-    assert _fast_pack(chunk, options) == _python_pack(chunk, options)
-
-
-@given(st.lists(st.text(max_size=30), max_size=6), st.sampled_from(["text", "t\u00e9xt", "k"]))
-def test_jsonl_packer_on_generated_records(texts: list[str], key: str) -> None:
-    records = [{key: text, "other": [text, 1.5, None]} for text in texts]
-    for ensure_ascii in (True, False):
-        data = "\n".join(json.dumps(r, ensure_ascii=ensure_ascii) for r in records).encode(
-            "utf-8", "surrogatepass"
-        )
-        chunk = Chunk("in.jsonl", "jsonl", data)
-        options = ReadOptions(json_key=key)
-        assert _fast_pack(chunk, options) == _python_pack(chunk, options)
-
-
-@given(st.binary(max_size=80))
-def test_line_and_text_packers_read_what_the_python_reader_reads(data: bytes) -> None:
-    for kind in ("lines", "text"):
-        chunk = Chunk("in.txt", kind, data)
-        assert _fast_pack(chunk, ReadOptions()) == _python_pack(chunk, ReadOptions())
-
-
-def test_packer_argument_errors() -> None:
-    with pytest.raises(ValueError, match=r"offsets must lie in \[0, 3\], got \[0, 4\]"):
-        _core.pack_documents(b"abc", np.array([0, 4], dtype=np.int64))
-    with pytest.raises(ValueError, match="offsets must be non-decreasing, got 2 then 1 at 2"):
-        _core.pack_documents(b"abc", np.array([0, 2, 1], dtype=np.int64))
-    with pytest.raises(TypeError, match="offsets must have dtype int64"):
-        _core.pack_documents(b"abc", np.array([0, 3], dtype=np.int32))
-    with pytest.raises(ValueError, match=r"ranges must be sorted, disjoint and >= U\+0800"):
-        _core.find_code_points(b"abc", np.array([5, 9], dtype=np.uint32))
+# ----------------------------------------------------------------------------- bad input
 
 
 @pytest.mark.parametrize(
