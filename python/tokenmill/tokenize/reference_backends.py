@@ -8,6 +8,7 @@ The rules every backend follows, and how a backend is chosen, are in
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.metadata
 import os
@@ -39,6 +40,7 @@ ENDOFTEXT = "<|endoftext|>"
 TokenArray = npt.NDArray[Any]
 
 
+@functools.cache
 def package_version(name: str) -> str:
     """The installed version of a distribution, or "unknown"."""
     try:
