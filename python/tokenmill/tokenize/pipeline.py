@@ -153,7 +153,8 @@ class TokenizeConfig:
         append_eod: put the EOD id after every document (megatron's ``--append-eod``).
         window: split documents longer than this many tokens into windows; None: never.
         overlap: tokens shared by consecutive windows, at most ``window // 2``.
-        workers: worker processes; 0 encodes in this process.
+        workers: the cores to use (the CLI's ``--threads``): encode threads for gigatoken,
+            worker processes for the other backends; 0 encodes in this process.
         rank: this process's share of the inputs, see :func:`resolve_rank`.
         world_size: the number of processes sharing the inputs.
         output_format: "megatron" (`.bin/.idx`), or "nanogpt": a modded-nanogpt shard
