@@ -190,11 +190,11 @@ def test_auto_picks_gigatoken_and_the_fingerprint_names_it(bpe_json: Path, rank_
 
 
 def test_loading_is_strictly_local(tmp_path: Path) -> None:
+    # a Hub-shaped name that is not a file is refused before any library sees it (with no
+    # network here, a lookup would fail differently: ConnectionError or gigatoken's own errors)
     for value in ("gigatoken:openai-community/gpt2.json", "openai-community/gpt2.json"):
-        started = time.monotonic()
         with pytest.raises(FileNotFoundError, match=r"tokenizer file not found: openai-community"):
             load_tokenizer(value)
-        assert time.monotonic() - started < 5  # no network attempt (nothing to time out on)
     with pytest.raises(FileNotFoundError, match="tokenizer file not found"):
         GigatokenTokenizer("openai-community/gpt2")
     with pytest.raises(ValueError, match=r"optionally prefixed by 'gigatoken:'"):
