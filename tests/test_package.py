@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -73,6 +74,8 @@ def test_demo_runs_end_to_end(tmp_path: object) -> None:
     assert "done:" in result.stdout
     assert "the Jargon File" in result.stdout
     assert "decodes back exactly: True" in result.stdout
+    # the fastest backend installed (the test extra has gigatoken), with its throughput
+    assert re.search(r"backend: gigatoken [0-9.]+ .*; encoding [0-9.]+ MB/s", result.stdout)
     assert "own data" in _cli("demo", "--help").stdout
 
 

@@ -20,5 +20,6 @@ PYBIND11_MODULE(_core, m, py::mod_gil_not_used()) {
   register_packing(m);
   register_gather(m);
   register_mixture(m, testing);
+  register_text(m);
   register_runtime_testing(testing);
 }

@@ -13,16 +13,23 @@ import sys
 TOKENIZE_EPILOG = """\
 examples:
   # the built-in byte tokenizer, EOD after every document, 2 worker processes
-  tokenmill tokenize data/*.jsonl.gz --output out/web --workers 2
+  tokenmill tokenize data/*.jsonl.gz --output out/web --threads 2
   # a HF tokenizer.json, parquet inputs with the text in column "content"
   tokenmill tokenize shards/ --column content --tokenizer tokenizer.json --output out/web
   # tiktoken GPT-2 from a local file; BOS before each document; 2048-token windows
   tokenmill tokenize corpus.jsonl.zst --tokenizer gpt2.tiktoken --prepend-bos \\
       --window 2048 --overlap 128 --output out/corpus
+  # force a backend: gigatoken (fast), or the file's own library (HF tokenizers / tiktoken)
+  tokenmill tokenize corpus.jsonl --tokenizer gigatoken:tokenizer.json --threads 8 -o out/c
+  tokenmill tokenize corpus.jsonl --tokenizer reference:tokenizer.json -o out/c
   # 8 machines (or a SLURM array: SLURM_ARRAY_TASK_ID/COUNT), then one merge
   tokenmill tokenize 'data/**/*.jsonl' --rank $R --world-size 8 --output out/web
   tokenmill merge out/web.parts --output out/web
 
+A tokenizer file runs on gigatoken when it is installed (pip install 'tokenmill[gigatoken]'),
+loads the file and agrees with the file's own library on a probe text; otherwise on HF
+tokenizers (tokenizer.json) or tiktoken (.tiktoken). Both give the same ids; the first line of
+the output says which backend ran, and the sidecar records it.
 A killed run is resumed by running the same command again: finished inputs are skipped.
 Output: <output>.bin/.idx (megatron-core's format) and <output>.tokenmill.json (the tokenizer
 fingerprint that `merge` and tokenmill.tokenize.check_tokenizer compare).
@@ -50,7 +57,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--tokenizer",
         default="bytes",
         help="'bytes' (built in: UTF-8 bytes, BOS 256, EOD 257), a HF tokenizer.json, or a "
-        ".tiktoken BPE file (GPT-2 pattern) [default: bytes]",
+        ".tiktoken BPE file (GPT-2 pattern), optionally prefixed by 'gigatoken:' or 'reference:' "
+        "to force the backend (default: gigatoken when it can run the file) [default: bytes]",
     )
     parser.add_argument("--bos-token", help="BOS token string (HF/tiktoken); default: the EOD")
     parser.add_argument(
@@ -76,12 +84,25 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--overlap", type=int, default=0, help="tokens shared by consecutive windows (<= N/2)"
     )
     parser.add_argument(
+        "--threads",
         "--workers",
+        dest="threads",
         type=int,
         default=min(os.cpu_count() or 1, 8),
-        help="worker processes; 0 runs in this process [min(cores, 8)]",
+        help="cores to use: gigatoken encode threads (and its RAYON_NUM_THREADS), or worker "
+        "processes for the other backends; 0 runs in this process [min(cores, 8)]",
     )
-    parser.add_argument("--chunk-mb", type=float, default=1.0, help="work chunk size [1 MB]")
+    parser.add_argument(
+        "--chunk-mb",
+        type=float,
+        help="work chunk size [8 MB with gigatoken, else 1 MB]",
+    )
+    parser.add_argument(
+        "--memory-budget-mb",
+        type=float,
+        default=1024.0,
+        help="memory the chunks in flight may take, besides the output's index [1024]",
+    )
     parser.add_argument("--rank", type=int, help="this machine's rank [env RANK, SLURM, 0]")
     parser.add_argument("--world-size", type=int, help="number of machines [env, 1]")
     parser.add_argument(
@@ -125,6 +146,9 @@ def run_tokenize(args: argparse.Namespace) -> int:
     from tokenmill.tokenize.readers import ReadOptions
     from tokenmill.tokenize.tokenizers import TokenizerSpec
 
+    # one knob: gigatoken's thread pool gets the same size as tokenmill's workers (set before
+    # gigatoken is imported; the pipeline's own encodes run on its threads, not on this pool)
+    os.environ["RAYON_NUM_THREADS"] = str(max(1, args.threads))
     try:
         rank, world_size = resolve_rank(args.rank, args.world_size)
         config = TokenizeConfig(
@@ -135,18 +159,21 @@ def run_tokenize(args: argparse.Namespace) -> int:
                 json_key=args.json_key,
                 column=args.column,
                 txt_mode=args.txt_mode,
-                chunk_bytes=max(1, int(args.chunk_mb * (1 << 20))),
+                chunk_bytes=None
+                if args.chunk_mb is None
+                else max(1, int(args.chunk_mb * (1 << 20))),
             ),
             prepend_bos=args.prepend_bos,
             append_eod=args.append_eod,
             window=args.window,
             overlap=args.overlap,
-            workers=args.workers,
+            workers=args.threads,
             rank=rank,
             world_size=world_size,
             output_format=args.format,
             keep_parts=args.keep_parts,
             progress=not args.quiet,
+            memory_budget=max(1, int(args.memory_budget_mb * (1 << 20))),
         )
         result = tokenize(config)
     except (TokenmillError, ValueError, OSError, NotImplementedError) as error:
@@ -155,7 +182,8 @@ def run_tokenize(args: argparse.Namespace) -> int:
         where = result.output_prefix or f"{len(result.parts)} part(s)"
         sys.stderr.write(
             f"[tokenize] done: {result.documents:,} documents, {result.tokens:,} tokens in "
-            f"{result.seconds:.2f} s -> {where}\n"
+            f"{result.seconds:.2f} s ({result.text_bytes / max(result.seconds, 1e-9) / 1e6:.1f} "
+            f"MB/s) with {result.backend} -> {where}\n"
         )
     return 0
 

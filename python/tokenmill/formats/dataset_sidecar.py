@@ -4,13 +4,16 @@
 
     {"format": "tokenmill.dataset", "version": 1,
      "tokenizer": {"kind": "tiktoken", "sha256": "306c...", "vocab_size": 50257,
-                   "bos_id": 50256, "eod_id": 50256},
+                   "bos_id": 50256, "eod_id": 50256,
+                   "backend": "gigatoken", "backend_version": "0.10.0", "unicode17": "reference"},
      "options": {"prepend_bos": false, "append_eod": true, "window": null, "overlap": 0},
      "dtype": "uint16", "documents": 8854, "sequences": 8854, "tokens": 18161046,
      "inputs": [...]}
 
-Two datasets may be mixed (merged, blended) only if their ``tokenizer`` objects are equal:
-:func:`check_tokenizer` and :func:`check_compatible` raise
+Two datasets may be mixed (merged, blended) only if their ``tokenizer`` objects are equal on the
+identity fields (``IDENTITY_FIELDS``: kind, file sha256, vocabulary size, BOS and EOD ids; the
+backend that encoded and its version are recorded but not compared, since every backend of a
+file gives the same ids): :func:`check_tokenizer` and :func:`check_compatible` raise
 :class:`~tokenmill.errors.TokenizerMismatchError` naming both sides and the differing field.
 The sidecar is written to a temporary name and renamed, after the ``.bin`` and ``.idx``.
 
@@ -32,6 +35,7 @@ from tokenmill.common.sidecar import check_header
 from tokenmill.errors import DataFormatError, TokenizerMismatchError
 
 __all__ = [
+    "IDENTITY_FIELDS",
     "SIDECAR_SUFFIX",
     "FingerprintedTokenizer",
     "check_compatible",
@@ -45,7 +49,8 @@ __all__ = [
 SIDECAR_SUFFIX = ".tokenmill.json"
 FORMAT = "tokenmill.dataset"
 VERSION = 1
-_FIELDS = ("kind", "sha256", "vocab_size", "bos_id", "eod_id")
+IDENTITY_FIELDS = ("kind", "sha256", "vocab_size", "bos_id", "eod_id")
+_FIELDS = IDENTITY_FIELDS
 
 
 @runtime_checkable
@@ -53,7 +58,7 @@ class FingerprintedTokenizer(Protocol):
     """A tokenizer that says what identifies its output (``tokenmill.tokenize.Tokenizer``)."""
 
     def fingerprint(self) -> dict[str, Any]:
-        """kind, sha256, vocab_size, bos_id and eod_id."""
+        """kind, sha256, vocab_size, bos_id and eod_id (and optional backend fields)."""
         ...
 
     def describe(self) -> str:

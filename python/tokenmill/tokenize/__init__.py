@@ -1,5 +1,6 @@
-"""Text to tokens: readers (jsonl/gz/zst/parquet/txt), tokenizers (bytes, HF, tiktoken), the
-parallel restartable pipeline, merging, fingerprints and a streaming parquet loader.
+"""Text to tokens: readers (jsonl/gz/zst/parquet/txt), tokenizers (bytes, HF, tiktoken, and
+gigatoken with the same ids), the parallel restartable pipeline, merging, fingerprints and a
+streaming parquet loader.
 
 Nothing heavy is imported here; each submodule imports numpy, pyarrow, tokenizers, tiktoken or
 torch only when it needs them.
@@ -12,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 _EXPORTS: dict[str, str] = {
     "ByteTokenizer": "tokenmill.tokenize.tokenizers",
+    "GigatokenTokenizer": "tokenmill.tokenize.tokenizers",
     "HuggingFaceTokenizer": "tokenmill.tokenize.tokenizers",
     "TiktokenTokenizer": "tokenmill.tokenize.tokenizers",
     "Tokenizer": "tokenmill.tokenize.tokenizers",
@@ -34,6 +36,7 @@ _EXPORTS: dict[str, str] = {
 
 __all__ = [
     "ByteTokenizer",
+    "GigatokenTokenizer",
     "HuggingFaceTokenizer",
     "ParquetTokenLoader",
     "ParquetTokenStream",
@@ -63,6 +66,7 @@ if TYPE_CHECKING:
     from tokenmill.tokenize.streaming import ParquetTokenLoader, ParquetTokenStream
     from tokenmill.tokenize.tokenizers import (
         ByteTokenizer,
+        GigatokenTokenizer,
         HuggingFaceTokenizer,
         TiktokenTokenizer,
         Tokenizer,

@@ -1,12 +1,20 @@
 """Encoding one chunk of documents: tokenizer ids to flat arrays, in the tokenize workers.
 
-A worker process (or the parent with ``workers=0``) parses a chunk of an input file
-(:mod:`tokenmill.tokenize.readers`), encodes its documents in one ``encode_batch`` call, adds
-BOS/EOD, splits documents longer than ``window`` tokens into overlapping windows and returns one
-flat token array with per-sequence and per-document counts, ready for
-``IndexedDatasetBuilder.add_documents``. Output is allocated once per chunk (a first pass
-computes the sequence lengths). The pipeline (:mod:`tokenmill.tokenize.pipeline`) decides which
-chunks go where and writes the results in order.
+A worker (a process for the reference backends, a thread for gigatoken, or the parent with
+``workers=0``) reads a chunk of an input file, encodes its documents in one call, adds BOS/EOD,
+splits documents longer than ``window`` tokens into overlapping windows and returns one flat
+token array with per-sequence and per-document counts, ready for
+``IndexedDatasetBuilder.add_documents``. The pipeline (:mod:`tokenmill.tokenize.pipeline`)
+decides which chunks go where and writes the results in order.
+
+Two routes, the same output:
+
+* reference backends: the chunk is parsed into strings (:func:`~tokenmill.tokenize.readers.
+  parse_chunk`) and encoded with ``encode_batch`` (one array per document);
+* gigatoken (a tokenizer with ``encode_packed``): the chunk is packed by the C++ readers
+  (:mod:`tokenmill.tokenize.packed_text`) and encoded at once into one token buffer plus
+  offsets, which :func:`shape_documents` turns into the output with a few vectorised passes
+  (no per-document Python work unless windows are asked for).
 """
 
 from __future__ import annotations
@@ -32,6 +40,7 @@ __all__ = [
     "encode_in_worker",
     "initialize_worker",
     "process_context",
+    "shape_documents",
     "window_bounds",
 ]
 
@@ -85,6 +94,7 @@ class Encoded:
     sequences_per_document: npt.NDArray[numpy.int64]
     text_bytes: int
     source_bytes: int = 0
+    unicode17_documents: int = 0
 
     @property
     def documents(self) -> int:
@@ -100,8 +110,26 @@ def encode_documents(
     Raises:
         ValueError: the tokenizer produced an id outside its vocabulary.
     """
-    dtype = numpy.dtype(options.dtype)
     arrays = tokenizer.encode_batch(texts) if texts else []
+    for array in arrays:
+        if array.shape[0] and (int(array.max()) >= options.vocab_size or int(array.min()) < 0):
+            raise ValueError(
+                f"{where}: tokenizer {tokenizer.describe()} produced id {int(array.max())}, "
+                f"outside its vocabulary of {options.vocab_size}"
+            )
+    tokens, lengths, per_document = _shape_arrays(arrays, options, numpy.dtype(options.dtype))
+    return Encoded(
+        tokens=tokens,
+        sequence_lengths=lengths,
+        sequences_per_document=per_document,
+        text_bytes=sum(len(text.encode("utf-8")) for text in texts),
+    )
+
+
+def _shape_arrays(
+    arrays: list[npt.NDArray[Any]], options: EncodeOptions, dtype: numpy.dtype[Any]
+) -> tuple[npt.NDArray[Any], npt.NDArray[numpy.int64], npt.NDArray[numpy.int64]]:
+    """BOS/EOD and windows over one id array per document (ids already checked)."""
     bos = [options.bos_id] if options.prepend_bos else []
     eod = [options.eod_id] if options.append_eod else []
     extra = len(bos) + len(eod)
@@ -115,11 +143,6 @@ def encode_documents(
             per_document.append(0)
             layouts.append(None)
             continue
-        if int(array.max()) >= options.vocab_size or int(array.min()) < 0:
-            raise ValueError(
-                f"{where}: tokenizer {tokenizer.describe()} produced id {int(array.max())}, "
-                f"outside its vocabulary of {options.vocab_size}"
-            )
         count = size + extra
         if options.window is None or count <= options.window:
             lengths.append(count)
@@ -150,26 +173,107 @@ def encode_documents(
         for begin, end in bounds:
             tokens[position : position + end - begin] = document[begin:end]
             position += end - begin
-    return Encoded(
-        tokens=tokens,
-        sequence_lengths=numpy.asarray(lengths, dtype=numpy.int64),
-        sequences_per_document=numpy.asarray(per_document, dtype=numpy.int64),
-        text_bytes=sum(len(text.encode("utf-8")) for text in texts),
+    return (
+        tokens,
+        numpy.asarray(lengths, dtype=numpy.int64),
+        numpy.asarray(per_document, dtype=numpy.int64),
     )
 
 
-class Encoder:
-    """A loaded tokenizer plus options: turns a chunk into an :class:`Encoded`."""
+def shape_documents(
+    content: npt.NDArray[Any],
+    offsets: npt.NDArray[numpy.int64],
+    options: EncodeOptions,
+    where: str = "input",
+    name: str = "tokenizer",
+) -> tuple[npt.NDArray[Any], npt.NDArray[numpy.int64], npt.NDArray[numpy.int64]]:
+    """:func:`encode_documents`'s shaping for ids given as one buffer plus offsets.
 
-    def __init__(self, spec: TokenizerSpec, options: EncodeOptions) -> None:
-        self.tokenizer = spec.load()
+    Document ``i`` has ids ``content[offsets[i]:offsets[i + 1]]``. Returns the flat tokens (with
+    BOS/EOD, in the options' dtype), the sequence lengths and the sequences per document, equal
+    to what :func:`encode_documents` makes of the same ids. Without windows (or when no
+    document needs one) it is a few vectorised passes over the tokens.
+
+    Raises:
+        ValueError: an id is outside the vocabulary.
+    """
+    dtype = numpy.dtype(options.dtype)
+    if content.shape[0] and int(content.max()) >= options.vocab_size:
+        raise ValueError(
+            f"{where}: tokenizer {name} produced id {int(content.max())}, outside its "
+            f"vocabulary of {options.vocab_size}"
+        )
+    lengths = numpy.diff(offsets)
+    nonempty = lengths > 0
+    has_bos = options.prepend_bos and options.bos_id is not None
+    has_eod = options.append_eod and options.eod_id is not None
+    extra = int(has_bos) + int(has_eod)
+    sequence_lengths = lengths[nonempty] + extra
+    if (
+        options.window is not None
+        and sequence_lengths.shape[0]
+        and int(sequence_lengths.max()) > options.window
+    ):
+        arrays = [content[offsets[i] : offsets[i + 1]] for i in range(lengths.shape[0])]
+        return _shape_arrays(arrays, options, dtype)
+    per_document = nonempty.astype(numpy.int64)
+    if extra == 0:
+        return content.astype(dtype), sequence_lengths, per_document
+    total = int(content.shape[0]) + extra * int(sequence_lengths.shape[0])
+    tokens = numpy.empty(total, dtype=dtype)
+    starts = numpy.cumsum(sequence_lengths) - sequence_lengths
+    keep = numpy.ones(total, dtype=bool)
+    if has_bos:
+        keep[starts] = False
+    if has_eod:
+        keep[starts + sequence_lengths - 1] = False
+    tokens[keep] = content
+    if has_bos:
+        tokens[starts] = options.bos_id
+    if has_eod:
+        tokens[starts + sequence_lengths - 1] = options.eod_id
+    return tokens, sequence_lengths, per_document
+
+
+class Encoder:
+    """A loaded tokenizer plus options: turns a chunk into an :class:`Encoded`.
+
+    Thread-safe when the tokenizer is (gigatoken's encodes run on the calling thread and share
+    nothing mutable), so the pipeline shares one between its threads.
+    """
+
+    def __init__(
+        self, spec: TokenizerSpec, options: EncodeOptions, tokenizer: Tokenizer | None = None
+    ) -> None:
+        self.tokenizer = tokenizer if tokenizer is not None else spec.load()
         self.options = options
+        self._encode_packed = getattr(self.tokenizer, "encode_packed", None)
 
     def __call__(self, chunk: Chunk) -> Encoded:
-        texts = parse_chunk(chunk, self.options.read)
-        encoded = encode_documents(texts, self.tokenizer, self.options, chunk.path)
+        if self._encode_packed is not None:
+            encoded = self._encode_fast(chunk)
+        else:
+            texts = parse_chunk(chunk, self.options.read)
+            encoded = encode_documents(texts, self.tokenizer, self.options, chunk.path)
         encoded.source_bytes = chunk.source_bytes
         return encoded
+
+    def _encode_fast(self, chunk: Chunk) -> Encoded:
+        from tokenmill.tokenize.packed_text import pack_chunk
+
+        assert self._encode_packed is not None
+        packed = pack_chunk(chunk, self.options.read)
+        content, offsets, unicode17 = self._encode_packed(packed)
+        tokens, lengths, per_document = shape_documents(
+            content, offsets, self.options, chunk.path, self.tokenizer.describe()
+        )
+        return Encoded(
+            tokens=tokens,
+            sequence_lengths=lengths,
+            sequences_per_document=per_document,
+            text_bytes=packed.text_bytes,
+            unicode17_documents=unicode17,
+        )
 
 
 _WORKER_ENCODER: Encoder | None = None

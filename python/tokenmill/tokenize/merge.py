@@ -28,6 +28,7 @@ import numpy
 from tokenmill.common.progress import Progress
 from tokenmill.errors import DataFormatError
 from tokenmill.formats.dataset_sidecar import (
+    IDENTITY_FIELDS,
     SIDECAR_SUFFIX,
     check_compatible,
     read_sidecar,
@@ -41,7 +42,7 @@ from tokenmill.formats.megatron import (
     get_idx_path,
 )
 
-__all__ = ["find_prefixes", "merge_datasets"]
+__all__ = ["dataset_counts", "find_prefixes", "merge_datasets", "write_merged_sidecar"]
 
 _PART = re.compile(r"^part-(\d{6})-of-(\d{6})$")
 
@@ -86,11 +87,77 @@ def find_prefixes(directory: str) -> list[str]:
     return prefixes
 
 
+def _merged_fingerprint(
+    fingerprint: dict[str, Any], sidecars: Sequence[dict[str, Any]]
+) -> dict[str, Any]:
+    """The merged tokenizer fingerprint: the inputs' (equal on the compared fields); when they
+    were encoded by different backends (ranks with and without gigatoken, whose ids are the
+    same), ``backend`` is "mixed" and ``backends`` lists each one."""
+    identity = {key: fingerprint[key] for key in IDENTITY_FIELDS if key in fingerprint}
+    extras = []
+    for sidecar in sidecars:
+        tokenizer = sidecar["tokenizer"]
+        extra = {key: value for key, value in tokenizer.items() if key not in IDENTITY_FIELDS}
+        if extra not in extras:
+            extras.append(extra)
+    if len(extras) <= 1:
+        return fingerprint
+    return {**identity, "backend": "mixed", "backends": extras}
+
+
+def _summed(sidecars: Sequence[dict[str, Any]], field: str) -> dict[str, int]:
+    """``{field: sum}`` over the sidecars that record ``field`` (none: nothing)."""
+    values = [int(sidecar[field]) for sidecar in sidecars if field in sidecar]
+    return {field: sum(values)} if values else {}
+
+
+def dataset_counts(prefixes: Sequence[str]) -> tuple[int, int, int]:
+    """Documents, sequences and tokens of datasets together (read from their indices)."""
+    documents = sequences = tokens = 0
+    for prefix in prefixes:
+        dataset = IndexedDataset(prefix)
+        documents += int(dataset.document_indices.shape[0]) - 1
+        sequences += len(dataset)
+        tokens += int(dataset.sequence_lengths.sum(dtype="int64"))
+        del dataset
+    return documents, sequences, tokens
+
+
+def write_merged_sidecar(
+    output_prefix: str,
+    fingerprint: dict[str, Any],
+    sidecars: Sequence[dict[str, Any]],
+    dtype: Any,
+    documents: int,
+    sequences: int,
+    tokens: int,
+) -> dict[str, Any]:
+    """The sidecar of datasets concatenated into ``output_prefix`` (what ``merge_datasets``
+    writes; the nanogpt output of the pipeline writes the same)."""
+    options = [sidecar.get("options") for sidecar in sidecars]
+    inputs: list[Any] = []
+    for sidecar in sidecars:
+        inputs.extend(sidecar.get("inputs") or [])
+    return write_sidecar(
+        output_prefix,
+        _merged_fingerprint(fingerprint, sidecars),
+        options=options[0] if all(option == options[0] for option in options) else "mixed",
+        dtype=numpy.dtype(dtype).name,
+        documents=documents,
+        sequences=sequences,
+        tokens=tokens,
+        inputs=inputs,
+        merged_from=len(sidecars),
+        **_summed(sidecars, "unicode17_documents"),
+    )
+
+
 def merge_datasets(
     prefixes: Sequence[str],
     output_prefix: str,
     allow_missing_fingerprint: bool = False,
     progress: bool = False,
+    move_single: bool = False,
 ) -> dict[str, Any]:
     """Concatenate datasets into ``output_prefix`` (see the module docstring).
 
@@ -100,6 +167,9 @@ def merge_datasets(
         allow_missing_fingerprint: also merge datasets that have no sidecar (those that have one
             must still agree); the output then gets a sidecar only if every input had one.
         progress: report progress (`tokenmill.common.progress`) and one summary line on stderr.
+        move_single: with one input, rename its ``.bin/.idx`` into place instead of copying
+            them (the same bytes: ``add_index`` of one dataset rewrites its index unchanged);
+            the input is gone afterwards. The tokenize pipeline does this with its own part.
 
     Returns:
         The output's sidecar payload (empty if no input had a fingerprint).
@@ -138,38 +208,27 @@ def merge_datasets(
         with contextlib.suppress(FileNotFoundError):
             os.remove(path)
     os.makedirs(os.path.dirname(output_prefix) or ".", exist_ok=True)
-    builder = IndexedDatasetBuilder(get_bin_path(output_prefix), dtype=dtype)
-    sizes = [os.path.getsize(get_bin_path(prefix)) for prefix in prefixes]
-    with Progress(
-        "merge", total=sum(sizes), unit="B", unit_scale=True, enabled=progress
-    ) as display:
-        for prefix, size in zip(prefixes, sizes):
-            builder.add_index(prefix)
-            display.update(size)
-        builder.finalize(get_idx_path(output_prefix))
-        display.close(final_line=False)  # the summary line below says it all
+    if move_single and len(prefixes) == 1:
+        # .bin first: until the .idx follows, the output has no index a reader could pair
+        os.replace(get_bin_path(prefixes[0]), get_bin_path(output_prefix))
+        os.replace(get_idx_path(prefixes[0]), get_idx_path(output_prefix))
+    else:
+        builder = IndexedDatasetBuilder(get_bin_path(output_prefix), dtype=dtype)
+        sizes = [os.path.getsize(get_bin_path(prefix)) for prefix in prefixes]
+        with Progress(
+            "merge", total=sum(sizes), unit="B", unit_scale=True, enabled=progress
+        ) as display:
+            for prefix, size in zip(prefixes, sizes):
+                builder.add_index(prefix)
+                display.update(size)
+            builder.finalize(get_idx_path(output_prefix))
+            display.close(final_line=False)  # the summary line below says it all
 
-    merged = IndexedDataset(output_prefix)
-    documents = int(merged.document_indices.shape[0]) - 1
-    sequences = len(merged)
-    tokens = int(merged.sequence_lengths.sum(dtype="int64"))
-    del merged
+    documents, sequences, tokens = dataset_counts([output_prefix])
     payload: dict[str, Any] = {}
     if fingerprint:
-        options = [sidecar.get("options") for sidecar in sidecars]
-        inputs: list[Any] = []
-        for sidecar in sidecars:
-            inputs.extend(sidecar.get("inputs") or [])
-        payload = write_sidecar(
-            output_prefix,
-            fingerprint,
-            options=options[0] if all(option == options[0] for option in options) else "mixed",
-            dtype=numpy.dtype(dtype).name,
-            documents=documents,
-            sequences=sequences,
-            tokens=tokens,
-            inputs=inputs,
-            merged_from=len(prefixes),
+        payload = write_merged_sidecar(
+            output_prefix, fingerprint, sidecars, dtype, documents, sequences, tokens
         )
     if progress:
         sys.stderr.write(

@@ -6,10 +6,16 @@ Algorithm:
    ``i % world_size``. Each input becomes one *part*, ``<prefix>.parts/part-IIIIII-of-NNNNNN``
    (a Megatron ``.bin/.idx`` plus a ``.tokenmill.json`` record).
 2. The parent streams each pending input as ordered chunks (:mod:`tokenmill.tokenize.readers`)
-   to a pool of ``workers`` processes (0: in this process). Each worker parses and encodes its
-   chunk (BOS/EOD, windowing, dtype; :mod:`tokenmill.tokenize.encode`) and returns flat arrays. At most ``2 * workers + 2`` chunks
-   are in flight, so memory stays bounded whatever the input size; results are consumed in
-   submission order, so the bytes written do not depend on the worker count.
+   to ``workers`` workers (0: in this process): processes for the reference backends (each
+   single-threaded), threads for gigatoken (each encoding on its own thread with the GIL
+   released; gigatoken's rayon pool is not used), so ``workers`` (``--threads``) is the whole
+   parallelism. Each worker reads and encodes its chunk (BOS/EOD, windowing, dtype;
+   :mod:`tokenmill.tokenize.encode`) and returns flat arrays. At most ``2 * workers + 2``
+   chunks are in flight, and no more than ``memory_budget`` bytes by the estimate
+   ``MEMORY_PER_TEXT_BYTE`` x chunk bytes (one chunk always proceeds, so a single document
+   larger than the budget is encoded alone), so memory stays bounded whatever the input size;
+   results are consumed in submission order, so the bytes written do not depend on the worker
+   count.
 3. A part's ``.bin`` and ``.idx`` go to temporary names and are renamed when the input is done;
    the record (the *manifest* entry: input path, size, mtime, job key, sizes, counts) is renamed
    into place last. A part counts as done only if its record matches the current input and job
@@ -33,6 +39,7 @@ decompresses, cuts chunks at newlines and writes, which is two orders of magnitu
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import glob as glob_module
 import hashlib
 import json
@@ -40,8 +47,8 @@ import os
 import shutil
 import time
 from collections import deque
-from collections.abc import Iterator
-from concurrent.futures import Future, ProcessPoolExecutor
+from collections.abc import Iterator, Sequence
+from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -61,7 +68,14 @@ from tokenmill.tokenize.encode import (
     window_bounds,
 )
 from tokenmill.tokenize.progress import Progress
-from tokenmill.tokenize.readers import ReadOptions, expand_inputs, file_identity, iter_chunks
+from tokenmill.tokenize.readers import (
+    GIGATOKEN_CHUNK_BYTES,
+    Chunk,
+    ReadOptions,
+    expand_inputs,
+    file_identity,
+    iter_chunks,
+)
 from tokenmill.tokenize.tokenizers import Tokenizer, TokenizerSpec
 
 __all__ = [
@@ -74,6 +88,14 @@ __all__ = [
 ]
 
 OUTPUT_FORMATS = ("megatron", "nanogpt")
+
+DEFAULT_MEMORY_BUDGET = 1 << 30
+"""Bytes of chunks in flight (by the estimate below), besides the output being written."""
+
+MEMORY_PER_TEXT_BYTE = 6
+"""Peak bytes held per byte of chunk text while it is encoded: the raw chunk, the packed text,
+gigatoken's uint32 ids (4 bytes per 2.5-4 text bytes), the shaped tokens and numpy temporaries
+(measured about 5x on the linux-doc corpus with GPT-2; benchmarks/TOKENIZE.md)."""
 
 # Test hook: seconds to sleep after each chunk is written, so a test can SIGKILL a run mid-way.
 _DELAY_VARIABLE = "TOKENMILL_TEST_DELAY_AFTER_CHUNK"
@@ -131,7 +153,8 @@ class TokenizeConfig:
         append_eod: put the EOD id after every document (megatron's ``--append-eod``).
         window: split documents longer than this many tokens into windows; None: never.
         overlap: tokens shared by consecutive windows, at most ``window // 2``.
-        workers: worker processes; 0 encodes in this process.
+        workers: the cores to use (the CLI's ``--threads``): encode threads for gigatoken,
+            worker processes for the other backends; 0 encodes in this process.
         rank: this process's share of the inputs, see :func:`resolve_rank`.
         world_size: the number of processes sharing the inputs.
         output_format: "megatron" (`.bin/.idx`), or "nanogpt": a modded-nanogpt shard
@@ -139,6 +162,9 @@ class TokenizeConfig:
             and prepend_bos).
         keep_parts: keep ``<prefix>.parts`` after assembling the output.
         progress: draw a progress bar on stderr.
+        memory_budget: bytes the chunks in flight may take (estimated as
+            ``MEMORY_PER_TEXT_BYTE`` x their text); the output being written (the index arrays,
+            8 bytes per sequence and document) comes on top.
     """
 
     inputs: tuple[str, ...]
@@ -155,6 +181,7 @@ class TokenizeConfig:
     output_format: str = "megatron"
     keep_parts: bool = False
     progress: bool = True
+    memory_budget: int = DEFAULT_MEMORY_BUDGET
 
     def __post_init__(self) -> None:
         inputs: object = self.inputs
@@ -176,6 +203,8 @@ class TokenizeConfig:
             raise ValueError(f"overlap={self.overlap} needs a window; got window=None")
         if self.workers < 0:
             raise ValueError(f"workers must be >= 0, got {self.workers}")
+        if self.memory_budget < 1:
+            raise ValueError(f"memory_budget must be >= 1 byte, got {self.memory_budget}")
         if self.world_size < 1:
             raise ValueError(f"world_size must be >= 1, got {self.world_size}")
         if not 0 <= self.rank < self.world_size:
@@ -194,6 +223,8 @@ class TokenizeResult:
     text_bytes: int
     seconds: float
     fingerprint: dict[str, Any]
+    backend: str = ""
+    unicode17_documents: int = 0
 
 
 def part_prefix(parts_directory: str, index: int, count: int) -> str:
@@ -255,12 +286,14 @@ def _check_output_format(output_format: str) -> None:
         )
 
 
-def write_nanogpt_output(megatron_prefix: str, output_prefix: str, bos_id: int) -> list[str]:
-    """modded-nanogpt shard(s) `<output_prefix>.bin` (+ `.bos.idx`) from a Megatron dataset.
+def write_nanogpt_output(
+    megatron_prefixes: str | Sequence[str], output_prefix: str, bos_id: int
+) -> list[str]:
+    """modded-nanogpt shard(s) `<output_prefix>.bin` (+ `.bos.idx`) from Megatron datasets.
 
-    Streams the tokens (constant memory) into NanogptShardWriter, which records the BOS
-    positions for the `.bos.idx` sidecar; data beyond one shard's 2^31 - 1 tokens goes to
-    `<output_prefix>_000000.bin`, `_000001.bin`, ...
+    Streams the tokens of each dataset in order (constant memory, no merged copy first) into
+    NanogptShardWriter, which records the BOS positions for the `.bos.idx` sidecar; data beyond
+    one shard's 2^31 - 1 tokens goes to `<output_prefix>_000000.bin`, `_000001.bin`, ...
 
     Returns:
         The shard paths written.
@@ -268,21 +301,34 @@ def write_nanogpt_output(megatron_prefix: str, output_prefix: str, bos_id: int) 
     from tokenmill.formats.megatron import IndexedDataset
     from tokenmill.formats.nanogpt import MAX_TOKENS, NanogptShardWriter
 
-    dataset = IndexedDataset(megatron_prefix)
-    tokens = dataset._tokens
-    if tokens is None:  # an empty .bin is not mapped
-        tokens = numpy.zeros(0, dtype=dataset.dtype)
-    count = int(tokens.shape[0])
-    dtype = numpy.dtype(numpy.uint16) if tokens.dtype.itemsize <= 2 else numpy.dtype(numpy.uint32)
-    pieces = [(low, min(count, low + MAX_TOKENS)) for low in range(0, count, MAX_TOKENS)]
-    pieces = pieces or [(0, 0)]
+    prefixes = [megatron_prefixes] if isinstance(megatron_prefixes, str) else megatron_prefixes
+    datasets = [IndexedDataset(prefix) for prefix in prefixes]
+    arrays = [
+        dataset._tokens if dataset._tokens is not None else numpy.zeros(0, dataset.dtype)
+        for dataset in datasets  # an empty .bin is not mapped
+    ]
+    count = sum(int(array.shape[0]) for array in arrays)
+    widest = max((array.dtype.itemsize for array in arrays), default=2)
+    dtype = numpy.dtype(numpy.uint16) if widest <= 2 else numpy.dtype(numpy.uint32)
+    shards = max(1, -(-count // MAX_TOKENS))
     paths = []
-    for number, (low, high) in enumerate(pieces):
-        path = output_prefix + (".bin" if len(pieces) == 1 else f"_{number:06d}.bin")
+    pieces = iter(
+        (array, start, min(int(array.shape[0]), start + (1 << 24)))
+        for array in arrays
+        for start in range(0, int(array.shape[0]), 1 << 24)
+    )
+    pending: tuple[Any, int, int] | None = next(pieces, None)
+    for number in range(shards):
+        path = output_prefix + (".bin" if shards == 1 else f"_{number:06d}.bin")
         writer = NanogptShardWriter(path, dtype, bos_token=bos_id)
+        room = MAX_TOKENS
         try:
-            for start in range(low, high, 1 << 24):
-                writer.write(tokens[start : min(high, start + (1 << 24))])
+            while pending is not None and room > 0:
+                array, start, stop = pending
+                take = min(stop - start, room)
+                writer.write(array[start : start + take])
+                room -= take
+                pending = (array, start + take, stop) if start + take < stop else next(pieces, None)
             writer.finalize()
         except BaseException:
             writer.abort()
@@ -294,8 +340,6 @@ def write_nanogpt_output(megatron_prefix: str, output_prefix: str, bos_id: int) 
 def _tokenize_to_object_storage(config: TokenizeConfig) -> TokenizeResult:
     """An ``s3://`` output prefix: tokenize into the staging path, then upload (see
     ``tokenmill.storage.staging``); a rerun after a kill resumes from the staged parts."""
-    import dataclasses
-
     from tokenmill.storage.object_storage import require_s3
     from tokenmill.storage.staging import remove_staged_prefix, staged_path, upload_prefix
 
@@ -338,17 +382,43 @@ def tokenize(config: TokenizeConfig) -> TokenizeResult:
         )
     started = time.perf_counter()
     tokenizer = _load_tokenizer(config)
+    if config.read.chunk_bytes is None:
+        chunk_bytes = GIGATOKEN_CHUNK_BYTES if tokenizer.backend == "gigatoken" else None
+        config = dataclasses.replace(
+            config, read=dataclasses.replace(config.read, chunk_bytes=chunk_bytes)
+        )
     run = _Run.plan(config, tokenizer)
     progress = Progress(
         sum(identity["size"] for _, identity in run.pending), enabled=config.progress
     )
+    if config.progress:
+        count = max(1, config.workers)
+        if tokenizer.backend == "gigatoken":
+            unit = "thread" if count == 1 else "threads"
+        else:
+            unit = "worker process" if config.workers else "process"
+            unit = unit if count == 1 else unit + "es"
+        progress.write(f"[tokenize] backend: {tokenizer.describe_backend()}; {count} {unit}")
     if run.skipped and config.progress:
         progress.write(
             f"[tokenize] skipped {len(run.skipped)} completed input(s) of {len(run.mine)} "
             f"(parts in {run.parts_directory})"
         )
-    written, totals = _write_parts(config, run, progress)
+    written, totals = _write_parts(config, run, progress, tokenizer)
     progress.close()
+    if totals["unicode17_documents"] and config.progress:
+        reference = "tiktoken" if tokenizer.kind == "tiktoken" else "tokenizers"
+        handled = (
+            f"encoded by the reference backend ({reference}), as gigatoken classifies them "
+            "differently"
+            if run.fingerprint.get("unicode17") == "reference"
+            else f"kept gigatoken's ids, which differ from {reference}'s ({reference} is not "
+            "installed)"
+        )
+        progress.write(
+            f"[tokenize] {totals['unicode17_documents']:,} document(s) hold code points new "
+            f"in Unicode 17.0: {handled}"
+        )
 
     result_prefix: str | None = None
     if config.world_size == 1:
@@ -369,6 +439,8 @@ def tokenize(config: TokenizeConfig) -> TokenizeResult:
         text_bytes=totals["text_bytes"],
         seconds=time.perf_counter() - started,
         fingerprint=run.fingerprint,
+        backend=tokenizer.describe_backend(),
+        unicode17_documents=totals["unicode17_documents"],
     )
 
 
@@ -397,6 +469,7 @@ class _Run:
     """One rank's work: the job identity and which of its inputs still need a part."""
 
     fingerprint: dict[str, Any]
+    spec: TokenizerSpec
     options: EncodeOptions
     job: str
     option_fields: dict[str, Any]
@@ -447,6 +520,7 @@ class _Run:
         }
         return cls(
             fingerprint=fingerprint,
+            spec=config.tokenizer.resolved(tokenizer),
             options=options,
             job=job,
             option_fields=option_fields,
@@ -463,34 +537,54 @@ class _Run:
         return part_prefix(self.parts_directory, index, len(self.files))
 
 
+def _chunk_text_bytes(chunk: Chunk) -> int:
+    """The text a chunk holds (for the memory budget): its bytes, or a parquet row group's
+    uncompressed size."""
+    if chunk.kind != "parquet":
+        return len(chunk.data)
+    from tokenmill.tokenize.readers import _open_parquet
+
+    return int(_open_parquet(chunk.path).metadata.row_group(chunk.row_group).total_byte_size)
+
+
 def _write_parts(
-    config: TokenizeConfig, run: _Run, progress: Progress
+    config: TokenizeConfig, run: _Run, progress: Progress, tokenizer: Tokenizer
 ) -> tuple[list[str], dict[str, int]]:
     """Encode every pending input on the workers and write its part, in input order.
 
     Returns:
-        The parts written and the totals (documents, tokens, text bytes).
+        The parts written and the totals (documents, tokens, text bytes, Unicode-17 documents).
     """
     delay = float(os.environ.get(_DELAY_VARIABLE, "0") or 0)
     executor: Any
-    if config.workers == 0:
-        executor = InlineExecutor(Encoder(config.tokenizer, run.options))
+    encoder = None
+    if config.workers == 0 or tokenizer.backend == "gigatoken":
+        encoder = Encoder(run.spec, run.options, tokenizer)
+    if encoder is not None and config.workers == 0:
+        executor = InlineExecutor(encoder)
+    elif tokenizer.backend == "gigatoken":
+        executor = ThreadPoolExecutor(max_workers=config.workers, thread_name_prefix="encode")
     else:
         executor = ProcessPoolExecutor(
             max_workers=config.workers,
             mp_context=process_context(),
             initializer=initialize_worker,
-            initargs=(config.tokenizer, run.options),
+            initargs=(run.spec, run.options),
         )
+    task = encoder if encoder is not None and config.workers > 0 else encode_in_worker
     window = 2 * config.workers + 2
+    budget = config.memory_budget
+    sizes: dict[int, int] = {}  # id(future) -> estimated bytes held
 
     def jobs() -> Iterator[tuple[int, Future[Encoded] | None]]:
         for index, _ in run.pending:
             for chunk in iter_chunks(run.files[index], config.read):
-                yield index, executor.submit(encode_in_worker, chunk)
+                future = executor.submit(task, chunk)
+                sizes[id(future)] = MEMORY_PER_TEXT_BYTE * _chunk_text_bytes(chunk)
+                yield index, future
             yield index, None  # end of this input
 
-    totals = {"documents": 0, "tokens": 0, "text_bytes": 0}
+    totals = {"documents": 0, "tokens": 0, "text_bytes": 0, "unicode17_documents": 0}
     writers: dict[int, _PartWriter] = {}
     written: list[str] = []
     identities = dict(run.pending)
@@ -501,6 +595,7 @@ def _write_parts(
         if future is None:  # the input is done
             written.append(writers.pop(index).finish(run, identities[index]))
             return
+        sizes.pop(id(future), None)
         encoded = future.result()
         writers[index].add(encoded)
         tokens = int(encoded.tokens.shape[0])
@@ -508,6 +603,7 @@ def _write_parts(
         totals["documents"] += encoded.documents
         totals["tokens"] += tokens
         totals["text_bytes"] += encoded.text_bytes
+        totals["unicode17_documents"] += encoded.unicode17_documents
         if delay:
             time.sleep(delay)
 
@@ -515,7 +611,7 @@ def _write_parts(
         inflight: deque[tuple[int, Future[Encoded] | None]] = deque()
         for item in jobs():
             inflight.append(item)
-            while len(inflight) > window:
+            while len(inflight) > window or (len(inflight) > 1 and sum(sizes.values()) > budget):
                 consume(*inflight.popleft())
         while inflight:
             consume(*inflight.popleft())
@@ -533,7 +629,7 @@ class _PartWriter:
     def __init__(self, prefix: str, dtype: str) -> None:
         self.prefix = prefix
         self.builder = IndexedDatasetBuilder(get_bin_path(prefix), dtype=numpy.dtype(dtype))
-        self.counts = {"documents": 0, "sequences": 0, "tokens": 0}
+        self.counts = {"documents": 0, "sequences": 0, "tokens": 0, "unicode17_documents": 0}
 
     def add(self, encoded: Encoded) -> None:
         self.builder.add_documents(
@@ -542,6 +638,7 @@ class _PartWriter:
         self.counts["documents"] += encoded.documents
         self.counts["sequences"] += int(encoded.sequence_lengths.shape[0])
         self.counts["tokens"] += int(encoded.tokens.shape[0])
+        self.counts["unicode17_documents"] += encoded.unicode17_documents
 
     def finish(self, run: _Run, identity: dict[str, Any]) -> str:
         """Finalize the ``.bin/.idx``, then write the record that marks the part done."""
@@ -564,16 +661,30 @@ class _PartWriter:
 def _assemble(config: TokenizeConfig, run: _Run, tokenizer: Tokenizer) -> None:
     """Merge every part into the output (one rank: all parts are this run's) and remove the
     parts directory unless asked to keep it."""
-    from tokenmill.tokenize.merge import merge_datasets
+    from tokenmill.formats.dataset_sidecar import check_compatible
+    from tokenmill.tokenize.merge import dataset_counts, merge_datasets, write_merged_sidecar
 
     all_parts = [run.part(index) for index in range(len(run.files))]
     if config.output_format == "nanogpt":
         assert tokenizer.bos_id is not None  # checked by _load_tokenizer
-        merged = os.path.join(run.parts_directory, "merged")
-        merge_datasets(all_parts, merged, progress=config.progress)
-        write_nanogpt_output(merged, run.output_prefix, tokenizer.bos_id)
-        shutil.copyfile(sidecar_path(merged), sidecar_path(run.output_prefix))
+        fingerprint = check_compatible(all_parts)
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(sidecar_path(run.output_prefix))
+        write_nanogpt_output(all_parts, run.output_prefix, tokenizer.bos_id)
+        write_merged_sidecar(
+            run.output_prefix,
+            fingerprint,
+            [read_sidecar(part) for part in all_parts],
+            run.options.dtype,
+            *dataset_counts(all_parts),
+        )
     else:
-        merge_datasets(all_parts, run.output_prefix, progress=config.progress)
+        # one part (one input) is renamed into place: the same bytes, written once
+        merge_datasets(
+            all_parts,
+            run.output_prefix,
+            progress=config.progress,
+            move_single=not config.keep_parts,
+        )
     if not config.keep_parts:
         shutil.rmtree(run.parts_directory, ignore_errors=True)

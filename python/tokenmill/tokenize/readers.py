@@ -35,7 +35,9 @@ from typing import IO, Any, cast
 from tokenmill.errors import DataFormatError
 
 __all__ = [
+    "DEFAULT_CHUNK_BYTES",
     "FORMATS",
+    "GIGATOKEN_CHUNK_BYTES",
     "Chunk",
     "ReadOptions",
     "detect_format",
@@ -61,6 +63,12 @@ _SUFFIXES = (
 
 _READ_BLOCK = 1 << 20
 
+DEFAULT_CHUNK_BYTES = 1 << 20
+"""Work chunk size of the worker processes (reference backends)."""
+
+GIGATOKEN_CHUNK_BYTES = 8 << 20
+"""Work chunk size of the gigatoken threads."""
+
 
 @dataclass(frozen=True)
 class ReadOptions:
@@ -70,18 +78,20 @@ class ReadOptions:
         json_key: the field of each JSON line that holds the text.
         column: the parquet column that holds the text.
         txt_mode: "file" (a ``.txt`` file is one document) or "line" (each line is one).
-        chunk_bytes: the target size of a line-based work chunk (decompressed bytes).
+        chunk_bytes: the target size of a line-based work chunk (decompressed bytes); None:
+            ``DEFAULT_CHUNK_BYTES`` (the tokenize pipeline picks ``GIGATOKEN_CHUNK_BYTES`` for
+            gigatoken, whose per-call cost is about a millisecond).
     """
 
     json_key: str = "text"
     column: str = "text"
     txt_mode: str = "file"
-    chunk_bytes: int = 1 << 20
+    chunk_bytes: int | None = None
 
     def __post_init__(self) -> None:
         if self.txt_mode not in ("file", "line"):
             raise ValueError(f"txt_mode must be 'file' or 'line', got {self.txt_mode!r}")
-        if self.chunk_bytes < 1:
+        if self.chunk_bytes is not None and self.chunk_bytes < 1:
             raise ValueError(f"chunk_bytes must be >= 1, got {self.chunk_bytes}")
         if not self.json_key:
             raise ValueError("json_key must be a non-empty string, got ''")
@@ -279,7 +289,7 @@ def iter_chunks(path: str, options: ReadOptions) -> Iterator[Chunk]:
         yield Chunk(path, "text", data, source_bytes=len(data))
     else:
         kind = "lines" if fmt == "txt" else "jsonl"
-        yield from _line_chunks(path, fmt, kind, options.chunk_bytes)
+        yield from _line_chunks(path, fmt, kind, options.chunk_bytes or DEFAULT_CHUNK_BYTES)
 
 
 def _open_parquet(path: str) -> Any:
