@@ -13,8 +13,9 @@ interpreter start and imports; peak RSS is the process's):
 * ``tiktoken encode_ordinary_batch`` and ``HF encode_batch``: the texts already in memory (no
   reading, no writing; HF runs once, it is 50x slower than the rest);
 * ``Megatron-LM preprocess_data.py``: Megatron-LM's own script (``--megatron-lm DIR``, a
-  checkout; never vendored), GPT2BPETokenizer with vocab/merges converted from the same ranks,
-  ``--workers`` = threads, when it runs; otherwise the row says why.
+  checkout; never vendored, run unchanged: on Python 3.11 ``typing.override`` is supplied from
+  typing_extensions), with the same tokenizer.json through ``HuggingFaceTokenizer`` (needs
+  ``transformers``), ``--workers`` = threads, when it runs; otherwise the row says why.
 
 Then a memory row: the corpus repeated into a temporary jsonl of at least ``--big-gb`` GB,
 tokenized by tokenmill (gigatoken, default 1 GiB budget) and by gigatoken's ``encode_files``;
@@ -45,6 +46,7 @@ import hashlib
 import json
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -236,17 +238,34 @@ def run_row(
 
 
 def run_megatron(
-    args: argparse.Namespace, threads: int, corpus: Path, vocab: Path, merges: Path
+    args: argparse.Namespace, threads: int, corpus: Path, hf_json: Path, ranks: Path
 ) -> dict[str, float] | str:
-    """Megatron-LM's tools/preprocess_data.py, or why it does not run."""
+    """Megatron-LM's tools/preprocess_data.py, or why it does not run.
+
+    Its GPT2BPETokenizer path asks the Hugging Face hub for gpt2's configuration (offline here),
+    so the script runs with ``--tokenizer-type HuggingFaceTokenizer`` on a local directory
+    holding the same tokenizer.json (transformers loads it without the hub). Its output is
+    checked token-identical to tiktoken's ids like tokenmill's.
+    """
     if args.megatron_lm is None:
         return "not run: pass --megatron-lm DIR (a Megatron-LM checkout; nothing is vendored)"
     script = args.megatron_lm / "tools" / "preprocess_data.py"
     if not script.exists():
         return f"not run: {script} does not exist"
+    tokenizer_dir = args.work_dir / "gpt2-hf-tokenizer"
+    tokenizer_dir.mkdir(exist_ok=True)
+    shutil.copyfile(hf_json, tokenizer_dir / "tokenizer.json")
+    special = "<|endoftext|>"
+    config = {"tokenizer_class": "GPT2TokenizerFast", "model_max_length": 10**9}
+    config |= {"eos_token": special, "bos_token": special, "unk_token": special}
+    (tokenizer_dir / "tokenizer_config.json").write_text(json.dumps(config), encoding="utf-8")
     prefix = args.work_dir / "megatron-lm-out"
     command = [
         args.megatron_python or sys.executable, "-c",
+        # Megatron-LM main imports typing.override (Python 3.12); on 3.11 typing_extensions'
+        # identical decorator stands in, so the script runs unchanged on this machine's torch.
+        "import typing, typing_extensions; "
+        "typing.override = getattr(typing, 'override', typing_extensions.override); "
         "import resource, runpy, sys, time; started = time.perf_counter(); "
         "sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__'); "
         "usage = resource.getrusage(resource.RUSAGE_SELF); "
@@ -254,8 +273,8 @@ def run_megatron(
         "print('BENCH', time.perf_counter() - started, usage.ru_utime + usage.ru_stime + "
         "children.ru_utime + children.ru_stime, max(usage.ru_maxrss, children.ru_maxrss))",
         str(script), "--input", str(corpus), "--output-prefix", str(prefix),
-        "--tokenizer-type", "GPT2BPETokenizer", "--vocab-file", str(vocab),
-        "--merge-file", str(merges), "--append-eod", "--workers", str(threads),
+        "--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", str(tokenizer_dir),
+        "--append-eod", "--workers", str(threads),
     ]  # fmt: skip
     environment = {**os.environ, "PYTHONPATH": str(args.megatron_lm), "HF_HUB_OFFLINE": "1"}
     result = subprocess.run(command, capture_output=True, text=True, env=environment, check=False)
@@ -266,13 +285,9 @@ def run_megatron(
             [command[0], "-c", "import sys; print(sys.version.split()[0])"],
             capture_output=True, text=True, check=False,
         ).stdout.strip()  # fmt: skip
-        hint = (
-            "; Megatron-LM needs Python >= 3.12 (typing.override) and torch: pass "
-            "--megatron-python with such an environment"
-            if "override" in error
-            else ""
-        )
+        hint = "; it needs torch and transformers" if "No module" in error else ""
         return f"does not run with Python {interpreter}: {error}{hint}"
+    check_tokens(Path(f"{prefix}_text_document"), corpus, ranks)
     _, seconds, cpu, rss = lines[-1].split()
     return {"seconds": float(seconds), "cpu": float(cpu), "rss_mb": float(rss) / 1024}
 
@@ -325,7 +340,7 @@ def main() -> int:
     args.work_dir.mkdir(parents=True, exist_ok=True)
     corpus = build_corpus(args.work_dir)
     ranks = args.tiktoken or fetch_gpt2(args.work_dir)
-    vocab, merges, hf_json = gpt2_vocab_and_merges(ranks, args.work_dir)
+    _, _, hf_json = gpt2_vocab_and_merges(ranks, args.work_dir)
     with open(corpus, encoding="utf-8") as stream:
         text_bytes = sum(len(json.loads(line)["text"].encode("utf-8")) for line in stream)
     import gigatoken  # noqa: F401  (the benchmark needs it)
@@ -367,7 +382,7 @@ def main() -> int:
         base = best["gigatoken"]["seconds"]
         for what, name in rows:
             print_row(name, best[what], text_bytes, tokens, base)
-        megatron = run_megatron(args, threads, corpus, vocab, merges)
+        megatron = run_megatron(args, threads, corpus, hf_json, ranks)
         print_row("Megatron-LM tools/preprocess_data.py", megatron, text_bytes, tokens, base)
     if args.big_gb > 0:
         memory_row(args, corpus, ranks, hf_json, text_bytes)
