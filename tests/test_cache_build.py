@@ -438,3 +438,23 @@ def test_build_cache_refuses_a_remote_cache_location(tmp_path: Path) -> None:
     run = load_run_config(write_config(tmp_path / "run.json", values))
     with pytest.raises(ValueError, match="is remote; build-cache writes a local directory"):
         build_cache(run, SIZES, progress=False)
+
+
+def test_fast_startup_flags_are_ignored_while_building(tmp_path: Path) -> None:
+    """A run config that sets fast_cache_load and defer_npy_index_mmap (the trainer's flags)
+    builds its caches anyway, as Megatron-LM's tools/prepare_cache.py does; the training run
+    with those flags then loads what was built, without building."""
+    prefixes = make_shards(tmp_path)
+    values = fields(prefixes, tmp_path / "cache", fast_cache_load=True, defer_npy_index_mmap=True)
+    values["blend_per_split"] = [[prefixes, [0.5, 0.3, 0.2]], [prefixes[:1], None], None]
+    del values["blend"], values["split"]
+    run = load_run_config(write_config(tmp_path / "run.json", values))
+    report = build_cache(run, SIZES, progress=False)
+    assert report.entries and all(event.built for event in report.entries)
+    before = cache_files(tmp_path / "cache")
+    train, valid, _ = BlendedMegatronDatasetBuilder(
+        GPTDataset, SIZES, lambda: True, run.config
+    ).build()
+    assert len(train) == SIZES[0] and len(valid) > 0
+    assert train[5]["tokens"].shape == (31,)
+    assert cache_files(tmp_path / "cache") == before

@@ -3,10 +3,17 @@
 For randomized corpora, configs and seeds both libraries build their indices independently
 (separate cache directories) and must produce equal arrays (dtype, shape, values), equal
 lengths, equal cache files byte for byte, and equal `__getitem__` outputs.
+
+`test_gpt_dataset_matches_megatron` covers every combination of the seven sample flags and every
+(corpus, split, num_samples kind) combination (see `gpt_case`); TOKENMILL_GPT_CASES sets the
+number of cases (default 128, about 20 s on the 2-core dev VM; 3456 runs every flag combination
+with every categorical combination).
 """
 
 from __future__ import annotations
 
+import itertools
+import os
 import warnings
 from pathlib import Path
 from typing import Any
@@ -134,14 +141,44 @@ def make_corpus(tmp_path: Path, rng: np.random.Generator, kind: str) -> str:
     return write_megatron_shard(tmp_path / f"corpus-{kind}", documents)
 
 
-@pytest.mark.parametrize("case", range(48))
+CORPORA = ("mixed", "short", "long")
+SPLIT_NAMES = (Split.train, Split.valid, Split.test)
+SAMPLE_KINDS = ("one epoch", "part of an epoch", "several epochs")
+FLAG_COMBINATIONS = list(itertools.product((False, True), repeat=len(FLAGS)))
+# Case k runs flag combination k % 128 and (corpus, split, sample kind) combination (k * 5) % 27:
+# the first 128 cases run every flag combination once and every categorical combination at
+# least four times, with no dimension tied to another (27 and 128 share no factor, and the
+# sequence length, seed and document range are drawn from the case's own generator).
+CATEGORIES = list(itertools.product(CORPORA, SPLIT_NAMES, SAMPLE_KINDS))
+GPT_CASES = int(os.environ.get("TOKENMILL_GPT_CASES", str(len(FLAG_COMBINATIONS))))
+
+
+def gpt_case(case: int) -> tuple[dict[str, bool], str, Split, str]:
+    flags = dict(zip(FLAGS, FLAG_COMBINATIONS[case % len(FLAG_COMBINATIONS)]))
+    corpus, split, kind = CATEGORIES[(case * 5) % len(CATEGORIES)]
+    return flags, corpus, split, kind
+
+
+def test_gpt_case_generator_covers_every_combination() -> None:
+    drawn = [gpt_case(case) for case in range(GPT_CASES)]
+    assert len({tuple(flags.values()) for flags, *_ in drawn}) == len(FLAG_COMBINATIONS)
+    assert len({(corpus, split, kind) for _, corpus, split, kind in drawn}) == len(CATEGORIES)
+
+
+@pytest.mark.parametrize("case", range(GPT_CASES))
 def test_gpt_dataset_matches_megatron(tmp_path: Path, case: int) -> None:
+    """Arrays, length, description, cache files and samples (all of them for short datasets,
+    else 40 random ones, the first, the last and the padding sample, then one batch through
+    `__getitems__` and torch's default collate) equal megatron-core's."""
+    from torch.utils.data import default_collate
+
+    from megatron_compare import assert_same_sample, disable_mask_cache
+
+    flags, corpus, split, kind = gpt_case(case)
     rng = np.random.default_rng(1000 + case)
-    prefix = make_corpus(tmp_path, rng, ["mixed", "short", "long"][case % 3])
-    flags = {name: bool(rng.integers(2)) for name in FLAGS}
+    prefix = make_corpus(tmp_path, rng, corpus)
     sequence_length = int(rng.choice([1, 2, 7, 64, 257]))
     seed = int(rng.integers(0, 2**32))
-    split = [Split.train, Split.valid, Split.test][case % 3]
     low_level = IndexedDataset(prefix)
     count = len(low_level)
     begin = int(rng.integers(0, count))
@@ -151,7 +188,11 @@ def test_gpt_dataset_matches_megatron(tmp_path: Path, case: int) -> None:
     per_epoch = max((tokens - 1) // sequence_length, 1)
     # None (one epoch), a fraction of an epoch, or several epochs (with or without a
     # separate final epoch, decided by the 0.8 rule).
-    num_samples = [None, max(per_epoch // 2, 1), int(per_epoch * rng.uniform(1.05, 4.0))][case % 3]
+    num_samples = {
+        "one epoch": None,
+        "part of an epoch": max(int(per_epoch * rng.uniform(0.05, 0.95)), 1),
+        "several epochs": int(per_epoch * rng.uniform(1.05, 4.0)),
+    }[kind]
     if tokens - int(flags["add_extra_token_to_sequence"]) < sequence_length and num_samples:
         num_samples = None
     tokenizer = TinyTokenizer()
@@ -159,6 +200,7 @@ def test_gpt_dataset_matches_megatron(tmp_path: Path, case: int) -> None:
     common |= {"blend": ([prefix], None), "split": "1", **flags}
     theirs = their_dataset(prefix, indices, num_samples, split, tmp_path / "megatron", **common)
     ours = our_dataset(prefix, indices, num_samples, split, tmp_path / "tokenmill", **common)
+    disable_mask_cache(theirs)  # see test_megatron_compat.py: megatron's loss-mask leak
     assert ours.unique_description == theirs.unique_description
     assert ours.unique_description_hash == theirs.unique_description_hash
     assert_same_indices(ours, theirs)
@@ -168,7 +210,14 @@ def test_gpt_dataset_matches_megatron(tmp_path: Path, case: int) -> None:
         ).read_bytes(), name
     if len(theirs) == 0:
         return
-    for idx in [*rng.integers(0, len(theirs), 6).tolist(), len(theirs) - 1, None]:
+    where = f"case {case} {corpus} {split.name} {kind} S={sequence_length} {flags}"
+    picked = (
+        list(range(len(theirs)))
+        if len(theirs) <= 48
+        else [0, *rng.integers(0, len(theirs), 40).tolist(), len(theirs) - 1]
+    )
+    valid_for_batch = []
+    for idx in [*picked, None]:
         try:
             expected = theirs[idx]
         except RuntimeError:
@@ -179,7 +228,13 @@ def test_gpt_dataset_matches_megatron(tmp_path: Path, case: int) -> None:
             assert int(cu_seqlens[-1]) == sequence_length
             assert bool((cu_seqlens[1:] >= cu_seqlens[:-1]).all())
             continue
-        assert_same_sample(ours[idx], expected, f"case {case} idx {idx} {flags}")
+        assert_same_sample(ours[idx], expected, f"{where} idx {idx}")
+        if idx is not None:
+            valid_for_batch.append(idx)
+    batch = valid_for_batch[:16]
+    if batch:
+        expected_batch = default_collate([theirs[idx] for idx in batch])
+        assert_same_sample(default_collate(ours.__getitems__(batch)), expected_batch, where)
 
 
 def test_pad_token_and_real_pads_match_megatron(tmp_path: Path) -> None:

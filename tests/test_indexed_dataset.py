@@ -163,14 +163,25 @@ def test_out_of_range_tokens_are_refused(tmp_path: Path, dtype: Any) -> None:
     assert IndexedDataset(str(tmp_path / "x"))[0].tolist() == [info.min, info.max]
 
 
-def test_floats_into_integer_dtype_are_refused(tmp_path: Path) -> None:
+def test_fractional_floats_and_non_numbers_are_refused(tmp_path: Path) -> None:
+    """numpy.array(x, dtype) would truncate 1.5 to 1; tokenmill refuses it (integral floats and
+    digit strings are accepted: see test_indexed_dataset_megatron.py)."""
     builder = IndexedDatasetBuilder(str(tmp_path / "x.bin"), dtype=np.uint16)
-    with pytest.raises(TypeError, match="floating-point tokens"):
-        builder.add_item(np.array([1.0, 2.0]))
-    with pytest.raises(TypeError, match=r"x\.bin"):
+    with pytest.raises(ValueError, match=r"tokens must be whole numbers .* got 1\.5"):
+        builder.add_item(np.array([1.0, 1.5]))
+    with pytest.raises(ValueError, match=r"x\.bin"):
         builder.add_document([1.5], [1])
-    with pytest.raises(TypeError, match="cannot be written"):
+    with pytest.raises(ValueError, match="got nan"):
+        builder.add_document([float("nan")], [1])
+    with pytest.raises(ValueError, match="tokens are not numbers"):
         builder.add_item(np.array(["a"]))
+    with pytest.raises(TypeError, match="cannot be written"):
+        builder.add_item(np.array([1 + 2j]))
+    builder.add_item(np.array([1.0, 2.0]))
+    builder.add_item(["3", " 4"])
+    builder.end_document()
+    builder.finalize(str(tmp_path / "x.idx"))
+    assert [item.tolist() for item in IndexedDataset(str(tmp_path / "x"))[0:2]] == [[1, 2], [3, 4]]
 
 
 def test_float_overflow_and_inexact_integers_are_refused(tmp_path: Path) -> None:
@@ -268,7 +279,7 @@ def test_add_document_checks_lengths_and_modes(tmp_path: Path) -> None:
         builder.add_document([1, 2, 3], [1, 2], modes=[1, 200])
     with pytest.raises(OverflowError, match="mode -129 does not fit int8"):
         builder.add_item([1], mode=-129)
-    with pytest.raises(TypeError, match="lengths must be integers"):
+    with pytest.raises(ValueError, match="lengths must be whole numbers"):
         builder.add_document([1, 2, 3], [1.5, 1.5])
     assert len(builder.sequence_lengths) == 0  # nothing was half-added
 

@@ -214,19 +214,46 @@ def test_dataset_beyond_2_31_tokens_matches_megatron(tmp_path: Path) -> None:
         assert mine.dtype == reference.dtype, name
         np.testing.assert_array_equal(mine, reference, err_msg=name)
     assert len(ours) == len(theirs) >= num_samples
-    # the samples holding the markers (token positions past 2^31 and 2^32) are identical
+    # Every marker token (positions 0, past 2^31, around 2^32 and the very last one) is read
+    # back: find the sample that covers it (from the sample and document indices), check that
+    # the marker is at the right position of its text, and that megatron's sample is identical.
+    document_starts = np.concatenate(([0], np.cumsum(np.array(LENGTHS, dtype=np.int64))))
     shuffle = np.asarray(ours.shuffle_index)
-    starts = np.asarray(ours.sample_index)[:, 0]
-    checked = 0
-    for idx in range(len(ours)):
-        if checked == 3:
-            break
-        if int(starts[int(shuffle[idx])]) % len(LENGTHS) not in (1, 2):
-            continue
+    position_of_sample = np.empty(shuffle.shape[0], dtype=np.int64)
+    position_of_sample[shuffle.astype(np.int64)] = np.arange(shuffle.shape[0])
+    document_index = np.asarray(ours.document_index)
+    sample_index = np.asarray(ours.sample_index)
+    sequence_length = fields["sequence_length"]
+    found = {}
+    for sample in range(sample_index.shape[0] - 1):
+        begin, begin_offset = (int(v) for v in sample_index[sample])
+        end, end_offset = (int(v) for v in sample_index[sample + 1])
+        filled = 0
+        for row in range(begin, end + 1):
+            document = int(document_index[row])
+            first = begin_offset if row == begin else 0
+            last = end_offset + 1 if row == end else LENGTHS[document]  # + the extra token
+            for position, token in MARKERS.items():
+                offset = position - int(document_starts[document])
+                if (
+                    position not in found
+                    and 0 <= offset < LENGTHS[document]
+                    and (first <= offset < last)
+                ):
+                    found[position] = (
+                        int(position_of_sample[sample]),
+                        filled + offset - first,
+                        token,
+                    )
+            filled += last - first
+    assert set(found) == set(MARKERS)  # every marker lies in some sample
+    for position, (idx, in_text, token) in found.items():
         mine, reference = ours[idx], theirs[idx]
         for key in reference:
-            assert torch.equal(mine[key], reference[key]), (idx, key)
-        checked += 1
-    assert checked == 3
+            assert torch.equal(mine[key], reference[key]), (position, key)
+        if in_text < sequence_length:
+            assert int(mine["tokens"][in_text]) == token, position
+        if in_text >= 1:
+            assert int(mine["labels"][in_text - 1]) == token, position
     batch = ours.get_batch([0, len(ours) - 1])
     assert torch.equal(batch["tokens"][1], theirs[len(ours) - 1]["tokens"])

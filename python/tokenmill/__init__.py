@@ -29,6 +29,7 @@ _EXPORTS: dict[str, str] = {
     "parse_and_normalize_split": "tokenmill.datasets.utils",
     "convert_split_vector_to_split_matrix": "tokenmill.datasets.utils",
     "normalize": "tokenmill.datasets.utils",
+    "patch_megatron": "tokenmill.megatron",
     # tokenmill's own
     "PackedDataset": "tokenmill.datasets.packed",
     "PackingConfig": "tokenmill.datasets.packed",
@@ -88,6 +89,7 @@ __all__ = [  # noqa: RUF022 - grouped like _EXPORTS
     "parse_and_normalize_split",
     "convert_split_vector_to_split_matrix",
     "normalize",
+    "patch_megatron",
     "PackedDataset",
     "PackingConfig",
     "document_block_mask",

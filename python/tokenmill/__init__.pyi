@@ -111,6 +111,9 @@ from tokenmill.loading.mixture import (
     MixtureLoader as MixtureLoader,
 )
 from tokenmill.loading.threaded import ThreadedBatchLoader as ThreadedBatchLoader
+from tokenmill.megatron import (
+    patch_megatron as patch_megatron,
+)
 from tokenmill.runs.cache_build import build_cache as build_cache
 from tokenmill.runs.cache_build import check_cache as check_cache
 from tokenmill.runs.config_file import load_run_config as load_run_config
@@ -172,6 +175,7 @@ __all__ = [
     "normalize",
     "open_token_file",
     "parse_and_normalize_split",
+    "patch_megatron",
     "publish",
     "read_bos_index",
     "start_download",

@@ -20,6 +20,11 @@ class CacheError(TokenmillError, RuntimeError):
     """An index cache is unusable: truncated, foreign, or inconsistent with its description."""
 
 
+class CacheMissingError(CacheError, FileNotFoundError):
+    """A cache entry that a run is told to trust (fast_cache_load, defer_npy_index_mmap) does not
+    exist: a FileNotFoundError, as megatron-core raises when it maps the missing file."""
+
+
 class PerformanceWarning(UserWarning):
     """A setting that keeps results correct but is known to be slow (e.g. dense attention masks)."""
 

@@ -34,7 +34,7 @@ from tokenmill.common.distributed import is_cache_builder
 from tokenmill.datasets.config import BlendedMegatronDatasetConfig
 from tokenmill.datasets.megatron_dataset import describe
 from tokenmill.datasets.utils import normalize
-from tokenmill.errors import CacheError
+from tokenmill.errors import CacheError, CacheMissingError
 from tokenmill.index.blending import (
     INT16_MAX_DATASETS,
     build_blending_indices,
@@ -189,16 +189,26 @@ class BlendedDataset:
                 )
 
     def _build_indices(self) -> tuple[Any, Any]:
+        """(dataset_index, dataset_sample_index): megatron-core's hook, built by the C++ blending
+        kernels and cached (a subclass that overrides it replaces both). With
+        `defer_npy_index_mmap` they are None until first use (megatron's `path_to_*` attributes
+        name the files); with `fast_cache_load` the cache entry is loaded and never built."""
         if self.config.defer_npy_index_mmap:
+            if self._cache is not None:
+                self.path_to_dataset_index = str(self._cache.array_path("dataset_index"))
+                self.path_to_dataset_sample_index = str(
+                    self._cache.array_path("dataset_sample_index")
+                )
             return None, None
         if self._cache is None:
             arrays = self._compute()
+        elif self.config.fast_cache_load:
+            arrays = self._load_cached("fast_cache_load")
         else:
             arrays, _ = self._cache.load_or_build(
                 self._compute,
                 self._specs(),
                 may_build=is_cache_builder(getattr(self.config, "cache_build_scope", "global")),
-                trust_presence=self.config.fast_cache_load,
                 data_prefixes=self.data_prefixes(),
                 data_check=self._data_check(),
             )
@@ -217,14 +227,31 @@ class BlendedDataset:
     def _data_check(self) -> str:
         return str(getattr(self.config, "cache_data_check", "rebuild"))
 
-    def _load_deferred(self) -> None:
+    def _load_cached(self, why: str) -> dict[str, npt.NDArray[Any]]:
+        """The cached arrays, loaded without building (deferred mapping, fast_cache_load).
+
+        Raises:
+            CacheMissingError: a file of the entry is missing (megatron-core: FileNotFoundError).
+            CacheError: a file is unreadable or does not fit.
+            StaleCacheError: the data changed since the entry was built.
+        """
         assert self._cache is not None
         arrays, problems = self._cache.load(
             self._specs(), check_description=not self.config.fast_cache_load
         )
         if arrays is None:
-            raise CacheError("deferred blend cache is unusable: " + "; ".join(problems))
+            message = (
+                f"BlendedDataset {self.split.name}: no valid blend cache to load ({why} loads "
+                "caches built beforehand, it never builds them): " + "; ".join(problems)
+            )
+            if not self._cache.all_present():
+                raise CacheMissingError(message)
+            raise CacheError(message)
         self._cache.check_deferred(self.data_prefixes(), self._data_check())
+        return arrays
+
+    def _load_deferred(self) -> None:
+        arrays = self._load_cached("defer_npy_index_mmap")
         self.dataset_index = arrays["dataset_index"]
         self.dataset_sample_index = arrays["dataset_sample_index"]
 
@@ -257,9 +284,19 @@ class BlendedDataset:
         dataset_sample_id = self.dataset_sample_index[idx]
         return {"dataset_id": dataset_id, **self.datasets[dataset_id][dataset_sample_id]}
 
-    def __getitems__(self, indices: Sequence[int]) -> SampleBatch:
-        """A batch (torch's batched-fetch protocol): see `get_batch` and `SampleBatch`."""
-        tensors = self.get_batch(indices)
+    def __getitems__(self, indices: Sequence[int]) -> SampleBatch | list[Any]:
+        """A batch (torch's batched-fetch protocol): see `get_batch` and `SampleBatch`.
+
+        When the members in the batch cannot fill one set of batch buffers (a member without a
+        batch layout, e.g. a GPTDataset subclass that overrides `__getitem__`), or a subclass
+        overrides `__getitem__`, the batch is `[self[i] for i in indices]`: what torch fetches
+        from a dataset without `__getitems__`, so every sample comes from `__getitem__`.
+        """
+        if type(self).__getitem__ is not BlendedDataset.__getitem__:
+            return [self[index] for index in indices]
+        tensors = self._gather(indices, pin_memory=False)
+        if tensors is None:
+            return [self[index] for index in indices]
         return SampleBatch(tensors, int(tensors["dataset_id"].shape[0]))
 
     def get_batch(
@@ -279,6 +316,19 @@ class BlendedDataset:
             IndexError: an index is outside [-len, len) (the message names it).
             TypeError: the indices are not integers.
         """
+        tensors = self._gather(indices, pin_memory=pin_memory)
+        if tensors is None:
+            index_array, _ = as_index_array(indices)
+            tensors = stack_samples([self[index] for index in index_array.tolist()])
+            if pin_memory:
+                tensors = {key: value.pin_memory() for key, value in tensors.items()}
+        return tensors
+
+    def _gather(
+        self, indices: Sequence[int] | npt.NDArray[np.integer], *, pin_memory: bool
+    ) -> dict[str, torch.Tensor] | None:
+        """The batch gathered by the members into one set of buffers, or None when the members
+        in it share no batch layout."""
         import torch
 
         if self.dataset_index is None:
@@ -296,24 +346,16 @@ class BlendedDataset:
         sample_ids = np.ascontiguousarray(self.dataset_sample_index[index_array], dtype=np.int64)
         members = np.unique(dataset_ids).tolist()
         used = [self.datasets[member] for member in members]
+        if not used:
+            raise ValueError("get_batch needs at least one index")
         layout = _shared_layout(used)
-        tensors: dict[str, torch.Tensor]
-        if layout is not None:
-            parts = []
-            for member, dataset in zip(members, used):
-                rows = np.flatnonzero(dataset_ids == member).astype(np.int64)
-                parts.append((dataset, sample_ids[rows], rows))
-            tensors = self._server_for(layout).serve(
-                index_array.shape[0], parts, pin_memory=pin_memory
-            )
-        else:
-            if not used:
-                raise ValueError("get_batch needs at least one index")
-            tensors = stack_samples(
-                [self.datasets[d][s] for d, s in zip(dataset_ids.tolist(), sample_ids.tolist())]
-            )
-            if pin_memory:
-                tensors = {key: value.pin_memory() for key, value in tensors.items()}
+        if layout is None:
+            return None
+        parts = []
+        for member, dataset in zip(members, used):
+            rows = np.flatnonzero(dataset_ids == member).astype(np.int64)
+            parts.append((dataset, sample_ids[rows], rows))
+        tensors = self._server_for(layout).serve(index_array.shape[0], parts, pin_memory=pin_memory)
         dataset_id = torch.from_numpy(np.ascontiguousarray(dataset_ids))
         if pin_memory:
             dataset_id = dataset_id.pin_memory()

@@ -213,6 +213,22 @@ class GPTDatasetConfig(BlendedMegatronDatasetConfig):
     inter_document_masking: bool = False
     """Return cu_seqlens / max_seqlen marking document boundaries instead of a dense mask."""
 
+    # Megatron-LM main (0.20.0-dev) adds these; accepted so its training code can pass them.
+    # They configure datasets tokenmill does not implement (SFT and variable-length mock data) and
+    # parallelism; no GPTDataset sample, index or cache key depends on them.
+    sft_mock_dataset_config_json: str | None = None
+    """Megatron-LM main: JSON configuring its mock SFT dataset (unused by GPTDataset)."""
+
+    varlen_mock_dataset_config_json: str | None = None
+    """Megatron-LM main: JSON configuring its variable-length mock dataset (unused here)."""
+
+    varlen_sbhd_validation: bool = False
+    """Megatron-LM main: SBHD reference samples for variable-length validation (unused here)."""
+
+    dynamic_context_parallel: bool = False
+    """Megatron-LM main: dynamic context parallelism (a parallelism field, like
+    hybrid_context_parallel; unused by the dataset)."""
+
     cache_build_scope: str = "global"
     """tokenmill: "global" (rank 0 builds caches) or "node" (each node's first rank builds)."""
 

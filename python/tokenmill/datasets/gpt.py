@@ -26,9 +26,18 @@ come from the C++ batched gather of `tokenmill.serving.gpt` (one call resolves s
 mostly the memory traffic of the int64 outputs; see benchmarks/SERVING.md). The dataset is
 `tokenmill.serving.Servable` (`batch_layout()`, `fill_batch()`), which is how BlendedDataset
 gathers its members' rows into one batch. Other low-level datasets (mock data, `mmap=False`,
-float tokens) take the per-document Python path, with identical results.
+float tokens) take the per-document Python path, with identical results; a megatron-core
+IndexedDataset mapped with `mmap=True` is gathered in C++ from a view of its own map.
 
-Size: this module is about 800 lines because it mirrors megatron-core's ``gpt_dataset`` module:
+Subclasses: every hook megatron-core lets a subclass override takes effect as there. The C++
+paths stand in for GPTDataset's own methods only where the instance's class does not override
+them (`_overrides`): the index build and cache for `_build_document_sample_shuffle_indices`
+(its epochs come from `_get_num_tokens_per_epoch` / `_get_num_epochs` when those are
+overridden), the gather for `_query_document_sample_shuffle_indices` and `__getitem__`; a class
+that overrides either of the last two is fetched sample by sample (`__getitems__` returns
+`[self[i] for i in indices]`).
+
+Size: this module is about 1000 lines because it mirrors megatron-core's ``gpt_dataset`` module:
 GPTDataset is one class whose methods are the hooks megatron users subclass
 (``build_low_level_dataset``, ``_query_document_sample_shuffle_indices``, ``__getitem__``...),
 kept together with its mock dataset; what is not Megatron's (the batched gather, buffers,
@@ -43,6 +52,7 @@ import os
 import threading
 import time
 import warnings
+import weakref
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -54,12 +64,15 @@ from tokenmill.common.distributed import is_cache_builder
 from tokenmill.datasets.config import GPTDatasetConfig
 from tokenmill.datasets.megatron_dataset import MegatronDataset
 from tokenmill.datasets.utils import Split
-from tokenmill.errors import CacheError, PerformanceWarning
+from tokenmill.errors import CacheError, CacheMissingError, PerformanceWarning
 from tokenmill.index.cache import ArraySpec, IndexCache
 from tokenmill.index.gpt_index import (
     GptIndexPlan,
     as_document_ids,
     build_gpt_indices,
+    megatron_sample_count,
+    num_epochs_for,
+    num_tokens_per_epoch,
     plan_gpt_indices,
 )
 from tokenmill.serving.batch import SampleBatch, as_index_array, stack_samples
@@ -79,6 +92,8 @@ _ARRAY_NAMES = ("document_index", "sample_index", "shuffle_index")
 _TRANSIENT = ("_server",)
 _UNSET: Any = object()
 _SERVER_LOCK = threading.Lock()
+# classes whose per-sample batches were reported (once each, at DEBUG level)
+_PER_SAMPLE_LOGGED: weakref.WeakSet[type] = weakref.WeakSet()
 
 _ATTENTION_MASK_WARNING = (
     "create_attention_mask=True builds a dense bool [1, S, S] mask per sample (4 MiB at S=2048, "
@@ -118,6 +133,15 @@ class GPTDataset(MegatronDataset):
             indexed_dataset, dataset_path, indexed_indices, num_samples, index_split, config
         )
         self.config: GPTDatasetConfig = config
+        # megatron-core's mask cache attributes, kept for subclasses that read them; tokenmill
+        # never shares a mask between samples (see "Deliberate differences" in the README)
+        self.masks_and_position_ids_are_cacheable = not any(
+            [config.reset_position_ids, config.reset_attention_mask, config.eod_mask_loss]
+        )
+        self.masks_and_position_ids_are_cached = False
+        self.cached_attention_mask: Any = None
+        self.cached_loss_mask: Any = None
+        self.cached_position_ids: Any = None
         self._cache: IndexCache | None = None
         self.document_index: npt.NDArray[Any] | None
         self.sample_index: npt.NDArray[Any] | None
@@ -187,17 +211,60 @@ class GPTDataset(MegatronDataset):
 
     # -- index construction ------------------------------------------------------------------
 
+    def _overrides(self, name: str) -> bool:
+        """Whether this instance's class replaces GPTDataset's method `name` (a megatron hook):
+        the C++ path that stands in for that method then stays out of the way."""
+        return getattr(type(self), name) is not getattr(GPTDataset, name)
+
+    def _get_num_tokens_per_epoch(self) -> int:
+        """The tokens of one epoch of this split (megatron-core's hook).
+
+        With `indexed_indices` None (fast_cache_load) every sequence counts, as megatron's
+        `sequence_lengths[None]` sums the whole low-level dataset.
+        """
+        lengths = np.asarray(self.dataset.sequence_lengths)
+        if self.indices is None:
+            return int(lengths.sum(dtype=np.int64))
+        return num_tokens_per_epoch(lengths, as_document_ids(self.indices))
+
+    def _get_num_epochs(self, num_tokens_per_epoch: int) -> int:
+        """The epochs `num_samples` needs (megatron-core's hook): 1 for None, else the smallest
+        e >= 1 with e * tokens >= num_samples * S + extra.
+
+        Raises:
+            ValueError: samples are requested from a split without tokens (megatron-core loops
+                forever there).
+        """
+        extra = int(self.config.add_extra_token_to_sequence)
+        requested = (
+            0 if self.num_samples is None else self.num_samples * self.config.sequence_length
+        )
+        return num_epochs_for(num_tokens_per_epoch, self.num_samples, requested + extra)
+
     def _plan(self) -> GptIndexPlan:
-        """The scalar facts of this dataset's index (computed once: an O(documents) pass)."""
+        """The scalar facts of this dataset's index (computed once: an O(documents) pass).
+
+        A subclass's `_get_num_tokens_per_epoch` / `_get_num_epochs` decide the epochs, as in
+        megatron-core; GPTDataset's own are computed by the C++ kernels in the plan.
+
+        Raises:
+            TypeError: `indexed_indices` is None (only a fast_cache_load run passes None, and it
+                never builds indices).
+        """
         cached: GptIndexPlan | None = self.__dict__.get("_plan_cache")
         if cached is not None:
             return cached
         if self.indices is None:
-            raise CacheError(
-                f"{type(self).__name__} {self.index_split.name}: no indexed_indices "
-                "(fast_cache_load) and no valid cache to load"
+            raise TypeError(
+                f"{type(self).__name__} {self.index_split.name}: cannot build indices without "
+                "indexed_indices (None is only for fast_cache_load, which loads built caches)"
             )
-        self._plan_cache = plan_gpt_indices(
+        tokens: int | None = None
+        epochs: int | None = None
+        if self._overrides("_get_num_tokens_per_epoch") or self._overrides("_get_num_epochs"):
+            tokens = int(self._get_num_tokens_per_epoch())
+            epochs = int(self._get_num_epochs(tokens))
+        plan = plan_gpt_indices(
             np.asarray(self.dataset.sequence_lengths),
             as_document_ids(self.indices),
             self.num_samples,
@@ -205,8 +272,23 @@ class GPTDataset(MegatronDataset):
             self.config.add_extra_token_to_sequence,
             self._drop_last_partial_sequence(),
             exact_sample_count=self.config.exact_sample_count,
+            tokens_per_epoch=tokens,
+            num_epochs=epochs,
         )
-        return self._plan_cache
+        extra = int(self.config.add_extra_token_to_sequence)
+        total = plan.num_epochs * plan.tokens_per_epoch
+        sequence_length = self.config.sequence_length
+        if (
+            megatron_sample_count(total, sequence_length, extra, self._drop_last_partial_sequence())
+            < 0
+        ):
+            raise ValueError(
+                f"{type(self).__name__} {self.index_split.name}: a split of {total} tokens has "
+                f"no room for a sample of {sequence_length} tokens plus the extra token "
+                "(megatron-core counts a negative number of samples here and fails)"
+            )
+        self._plan_cache = plan
+        return plan
 
     def _build_arrays(self, plan: GptIndexPlan) -> dict[str, npt.NDArray[Any]]:
         started = time.perf_counter()
@@ -239,7 +321,7 @@ class GPTDataset(MegatronDataset):
             return self.config.path_to_cache
         if self.config.mock:
             return None
-        reader = getattr(self.dataset, "bin_reader", None)
+        reader = _remote_reader(self.dataset)
         if reader is not None and _is_object_storage_path(self.dataset.path_prefix):
             # megatron-core would make a local directory literally named "s3:/bucket/..." in the
             # working directory; keep it beside the cached .idx instead
@@ -268,6 +350,17 @@ class GPTDataset(MegatronDataset):
     def _build_document_sample_shuffle_indices(
         self,
     ) -> tuple[Any, Any, Any]:
+        """(document_index, sample_index, shuffle_index): megatron-core's hook, built by one C++
+        call and cached (a subclass that overrides it replaces both).
+
+        With `defer_npy_index_mmap` nothing is loaded (the arrays are None and are mapped on
+        first access, from the `path_to_*` attributes megatron-core sets); with
+        `fast_cache_load` the cache is assumed complete and never built.
+
+        Raises:
+            CacheMissingError: fast_cache_load and the cache entry is missing (a
+                FileNotFoundError, as megatron-core raises).
+        """
         directory = self._cache_directory()
         if directory is not None:
             self._cache = IndexCache.create(
@@ -279,16 +372,21 @@ class GPTDataset(MegatronDataset):
                 _ARRAY_NAMES,
             )
         if self.config.defer_npy_index_mmap:
+            assert self._cache is not None  # the config requires path_to_cache
+            self.path_to_document_index = str(self._cache.array_path("document_index"))
+            self.path_to_sample_index = str(self._cache.array_path("sample_index"))
+            self.path_to_shuffle_index = str(self._cache.array_path("shuffle_index"))
             return None, None, None
         if self._cache is None:
             arrays = self._build_arrays(self._plan())
+        elif self.config.fast_cache_load:
+            arrays = self._load_cached("fast_cache_load")
         else:
-            plan = None if self.indices is None else self._plan()
+            plan = self._plan()
             arrays, _ = self._cache.load_or_build(
-                lambda: self._build_arrays(plan if plan is not None else self._plan()),
+                lambda: self._build_arrays(plan),
                 self._array_specs(plan),
                 may_build=is_cache_builder(self.config.cache_build_scope),
-                trust_presence=self.config.fast_cache_load,
                 data_prefixes=self.data_prefixes(),
                 data_check=self.config.cache_data_check,
             )
@@ -298,13 +396,15 @@ class GPTDataset(MegatronDataset):
     def data_prefixes(self) -> list[str]:
         """The `.bin`/`.idx` prefixes this dataset's indices are computed from (fingerprinted
         beside the cache entry); empty for mock and non-file low-level datasets, and for
-        object-storage prefixes, whose reads are pinned to one object version by ETag instead."""
-        from tokenmill.formats.megatron import IndexedDataset
-
-        if isinstance(self.dataset, IndexedDataset) and not _is_object_storage_path(
-            self.dataset.path_prefix
+        object-storage prefixes, whose reads are pinned to one object version by ETag instead.
+        A megatron-core IndexedDataset counts as a file dataset (same attributes)."""
+        prefix = getattr(self.dataset, "path_prefix", None)
+        if (
+            isinstance(prefix, str)
+            and hasattr(self.dataset, "index")
+            and not _is_object_storage_path(prefix)
         ):
-            return [self.dataset.path_prefix]
+            return [prefix]
         return []
 
     def _check_consistency(self, arrays: dict[str, npt.NDArray[Any]]) -> None:
@@ -316,15 +416,35 @@ class GPTDataset(MegatronDataset):
                 f" entries but the sample index has {rows - 1} samples"
             )
 
-    def _load_deferred(self) -> None:
+    def _load_cached(self, why: str) -> dict[str, npt.NDArray[Any]]:
+        """The cached arrays, loaded without building (deferred mapping, fast_cache_load).
+
+        Raises:
+            CacheMissingError: a file of the entry is missing (megatron-core: FileNotFoundError).
+            CacheError: a file is unreadable or does not fit (dtype, shape).
+            StaleCacheError: the data changed since the entry was built.
+        """
         assert self._cache is not None
         arrays, problems = self._cache.load(
             self._array_specs(None), check_description=not self.config.fast_cache_load
         )
         if arrays is None:
-            raise CacheError("deferred index cache is unusable: " + "; ".join(problems))
+            message = (
+                f"{type(self).__name__} {self.index_split.name}: no valid cache to load "
+                f"({why} loads caches built beforehand, it never builds them): "
+                + "; ".join(problems)
+            )
+            if not self._cache.all_present():
+                raise CacheMissingError(message)
+            raise CacheError(message)
         self._cache.check_deferred(self.data_prefixes(), self.config.cache_data_check)
         self._check_consistency(arrays)
+        return arrays
+
+    def _load_deferred(self) -> None:
+        arrays = self._load_cached(
+            "defer_npy_index_mmap" if self.config.defer_npy_index_mmap else "a reload"
+        )
         self.document_index = arrays["document_index"]
         self.sample_index = arrays["sample_index"]
         self.shuffle_index = arrays["shuffle_index"]
@@ -349,17 +469,27 @@ class GPTDataset(MegatronDataset):
     # -- sizes -------------------------------------------------------------------------------
 
     def __len__(self) -> int:
-        if self.sample_index is None and not self.config.defer_npy_index_mmap:
-            self._load_deferred()
-        if self.sample_index is None:
-            # Deferred mapping: megatron-core's analytic length (double-precision ceil).
-            plan = self._plan()
-            available = (
-                plan.num_epochs * plan.tokens_per_epoch - self.config.add_extra_token_to_sequence
-            )
+        """The number of samples.
+
+        With `defer_npy_index_mmap` this is megatron-core's analytic length from its two hooks
+        (`_get_num_tokens_per_epoch`, `_get_num_epochs`; a double-precision ceil when the partial
+        last sample is kept), whether or not the arrays were mapped since, as in megatron-core.
+        An empty split then has length -1 with drop_last (megatron's formula), which `len()`
+        refuses with ValueError, as it does for megatron-core.
+        """
+        if self.config.defer_npy_index_mmap:
+            tokens = int(self._get_num_tokens_per_epoch())
+            epochs = int(self._get_num_epochs(tokens))
+            available = epochs * tokens - self.config.add_extra_token_to_sequence
+            sequence_length = self.config.sequence_length
             if self._drop_last_partial_sequence():
-                return available // self.config.sequence_length
-            return math.ceil(float(available) / self.config.sequence_length)
+                return available // sequence_length
+            if self.config.exact_sample_count:
+                return -(-available // sequence_length)
+            return math.ceil(float(available) / sequence_length)
+        if self.sample_index is None:
+            self._load_deferred()
+        assert self.sample_index is not None
         return int(self.sample_index.shape[0]) - 1
 
     # -- samples -----------------------------------------------------------------------------
@@ -449,7 +579,7 @@ class GPTDataset(MegatronDataset):
         """Start fetching the data of samples `indices` in the background (object-storage
         datasets; a no-op for local ones). A sampler that knows its future indices may call it;
         `__getitem__` and `get_batch` already announce what they predict."""
-        reader = getattr(self.dataset, "bin_reader", None)
+        reader = _remote_reader(self.dataset)
         if reader is None:
             return
         if self.shuffle_index is None:
@@ -461,7 +591,7 @@ class GPTDataset(MegatronDataset):
         predicted from the indices it has read (`datasets.prefetch.OrderPredictor`: consecutive,
         or runs of a data-parallel rank's micro-batches); re-announced every quarter window. The
         chunk cache skips chunks it holds or is fetching and takes at most half its budget."""
-        reader = getattr(self.dataset, "bin_reader", None)
+        reader = _remote_reader(self.dataset)
         if reader is None or self.shuffle_index is None:
             return
         depth = int(reader.config.prefetch_samples)
@@ -482,17 +612,26 @@ class GPTDataset(MegatronDataset):
         self.prefetch(predictor.predict(depth, count))
 
     def _getitem_python(self, idx: int | None) -> dict[str, torch.Tensor]:
-        """The sample at `idx` by per-document reads through `self.dataset.get` (any dataset)."""
+        """The sample at `idx` from `_query_document_sample_shuffle_indices` (GPTDataset's own,
+        reading through `self.dataset.get`, or a subclass's), computed as megatron-core's
+        `__getitem__` computes it, except that no tensor is shared between samples.
+
+        The masks and positions follow the length of the text the query returns (megatron's
+        `_get_ltor_masks_and_position_ids` does the same), so a subclass may return any length;
+        cu_seqlens are padded to `sequence_length + 1` as in megatron-core.
+        """
         import torch
 
-        if idx is not None and getattr(self.dataset, "bin_reader", None) is not None:
+        if idx is not None and _remote_reader(self.dataset) is not None:
             self._prefetch_ahead(idx)
 
         text, _, document_lengths = self._query_document_sample_shuffle_indices(
             0 if idx is None else idx
         )
+        text = np.asarray(text)
+        if text.dtype != np.int64:  # megatron: torch.from_numpy(text).long()
+            text = text.astype(np.int64)
         config = self.config
-        sequence_length = config.sequence_length
         pad = self._pad_token_id
         if config.add_extra_token_to_sequence:
             tokens = text[:-1].copy()
@@ -501,20 +640,21 @@ class GPTDataset(MegatronDataset):
             tokens = text
             labels = np.roll(text, -1)
             labels[-1] = pad
+        length = int(tokens.shape[0])
 
         eod = config.tokenizer.eod
         is_eod = tokens == eod
-        loss_mask = np.ones(sequence_length, dtype=np.float32)
+        loss_mask = np.ones(length, dtype=np.float32)
         if config.eod_mask_loss:
             loss_mask[is_eod] = 0.0
-        positions = np.arange(sequence_length, dtype=np.int64)
+        positions = np.arange(length, dtype=np.int64)
         document_starts: npt.NDArray[np.int64] | None = None
         if config.reset_position_ids or config.reset_attention_mask:
             # Every token after an EOD starts a new document.
-            marks = np.zeros(sequence_length, dtype=np.int64)
+            marks = np.zeros(length, dtype=np.int64)
             after_eod = np.flatnonzero(is_eod[:-1]) + 1
             marks[after_eod] = after_eod
-            document_starts = np.maximum.accumulate(marks)
+            document_starts = np.maximum.accumulate(marks) if length else marks
         position_ids = positions
         if config.reset_position_ids and document_starts is not None:
             position_ids = positions - document_starts
@@ -530,18 +670,22 @@ class GPTDataset(MegatronDataset):
             "labels": torch.from_numpy(labels),
         }
         if config.inter_document_masking:
-            cu_seqlens, position_ids = _document_boundaries(
-                document_lengths, sequence_length, bool(config.add_extra_token_to_sequence)
+            sequence_length = config.sequence_length
+            cu_seqlens, part_positions = _document_boundaries(
+                list(document_lengths), sequence_length, bool(config.add_extra_token_to_sequence)
             )
             padded = np.full(sequence_length + 1, sequence_length, dtype=np.int32)
             padded[: cu_seqlens.size] = cu_seqlens
+            position_ids = position_ids.copy()
+            covered = min(length, sequence_length)
+            position_ids[:covered] = part_positions[:covered]
             result["loss_mask"] = torch.from_numpy(loss_mask)
             result["position_ids"] = torch.from_numpy(position_ids)
             result["cu_seqlens"] = torch.from_numpy(padded)
             result["max_seqlen"] = torch.tensor(np.diff(cu_seqlens).max(), dtype=torch.int32)
             return result
         if config.create_attention_mask:
-            allowed = torch.ones(sequence_length, sequence_length, dtype=torch.bool).tril_()
+            allowed = torch.ones(length, length, dtype=torch.bool).tril_()
             if config.reset_attention_mask and document_starts is not None:
                 starts = torch.from_numpy(document_starts)
                 allowed &= starts.unsqueeze(1) == starts.unsqueeze(0)
@@ -555,6 +699,9 @@ class GPTDataset(MegatronDataset):
     def __getitem__(self, idx: int | None) -> dict[str, torch.Tensor]:
         """The sample at `idx` (None: a padding sample, sample 0 with a zero loss mask).
 
+        One C++ gather for a mapped IndexedDataset; the per-document Python path otherwise, and
+        always when a subclass overrides `_query_document_sample_shuffle_indices`.
+
         Raises:
             IndexError: `idx` is outside [-len, len).
             TypeError: `idx` is not an integer or None.
@@ -567,10 +714,39 @@ class GPTDataset(MegatronDataset):
         result: dict[str, torch.Tensor] = server.one(idx)
         return result
 
-    def __getitems__(self, indices: Sequence[int | None]) -> SampleBatch:
-        """A batch (torch's batched-fetch protocol): see `get_batch` and `SampleBatch`."""
+    def __getitems__(self, indices: Sequence[int | None]) -> SampleBatch | list[Any]:
+        """A batch (torch's batched-fetch protocol): see `get_batch` and `SampleBatch`.
+
+        A subclass that overrides `__getitem__` or `_query_document_sample_shuffle_indices` gets
+        `[self[i] for i in indices]`, exactly what torch's DataLoader fetches from a dataset
+        without `__getitems__`, so its own method decides every sample (said once per class at
+        DEBUG level).
+        """
+        if self._per_sample_batches():
+            return [self[index] for index in indices]
         tensors = self.get_batch(indices)
         return SampleBatch(tensors, int(tensors["tokens"].shape[0]))
+
+    def _per_sample_batches(self) -> bool:
+        """Whether batches must be fetched sample by sample: the instance's class overrides a
+        method the batched C++ gather would replace."""
+        overridden = [
+            name
+            for name in ("__getitem__", "_query_document_sample_shuffle_indices")
+            if self._overrides(name)
+        ]
+        if not overridden:
+            return False
+        name = type(self).__qualname__
+        if type(self) not in _PER_SAMPLE_LOGGED:
+            _PER_SAMPLE_LOGGED.add(type(self))
+            logger.debug(
+                "%s overrides %s: its batches are fetched sample by sample, without the batched "
+                "C++ gather",
+                name,
+                " and ".join(overridden),
+            )
+        return True
 
     def get_batch(
         self, indices: Sequence[int | None] | npt.NDArray[np.integer], *, pin_memory: bool = False
@@ -593,13 +769,12 @@ class GPTDataset(MegatronDataset):
             TypeError: the indices are not integers.
         """
         index_array, padding = as_index_array(indices)
-        server = self._serving()
+        server = None if self._per_sample_batches() else self._serving()
         if server is None:
             self.prefetch(index_array.tolist())  # object storage: the batch's chunks in parallel
             pads = padding.tolist() if padding is not None else [False] * index_array.shape[0]
             samples = [
-                self._getitem_python(None if pad else index)
-                for index, pad in zip(index_array.tolist(), pads)
+                self[None if pad else index] for index, pad in zip(index_array.tolist(), pads)
             ]
             if not samples:
                 raise ValueError("get_batch needs at least one index on this dataset")
@@ -617,9 +792,12 @@ class GPTDataset(MegatronDataset):
     # -- tokenmill.serving.Servable ------------------------------------------------------------
 
     def batch_layout(self) -> BatchLayout | None:
-        """The layout of this dataset's served batches (`tokenmill.serving`), or None when the
-        low-level dataset needs the per-document Python path (not a mapped, integer,
-        single-modal IndexedDataset): its batches are then stacked samples."""
+        """The layout of this dataset's served batches (`tokenmill.serving`), or None when its
+        samples come from `__getitem__` one by one: the low-level dataset needs the per-document
+        Python path (not a mapped, integer, single-modal IndexedDataset), or a subclass overrides
+        `__getitem__` / `_query_document_sample_shuffle_indices`."""
+        if self._per_sample_batches():
+            return None
         server = self._serving()
         return None if server is None else server.layout
 
@@ -638,11 +816,11 @@ class GPTDataset(MegatronDataset):
             IndexError: an index is outside [-len, len).
             TypeError: this dataset has no batch layout (`batch_layout()` is None).
         """
-        server = self._serving()
+        server = None if self._per_sample_batches() else self._serving()
         if server is None:
             raise TypeError(
                 f"{type(self).__name__} over {type(self.dataset).__name__} has no batch layout: "
-                "its samples are read by the per-document Python path"
+                "its samples are read one by one (`batch_layout()` is None)"
             )
         server.gather(indices, rows, buffers, num_threads=num_threads)
 
@@ -659,23 +837,26 @@ class GPTDataset(MegatronDataset):
         return result
 
     def _make_server(self) -> GptSampleServer | None:
-        from tokenmill.formats.megatron import IndexedDataset
-
+        """The C++ gatherer over this dataset's arrays, or None (the per-sample Python path)
+        when a subclass overrides `_query_document_sample_shuffle_indices` (its method decides
+        what a sample's tokens are), when the low-level dataset has no mapped integer tokens
+        (mock data, `mmap=False`, object storage, float or multimodal tokens; see
+        `_mapped_tokens`), or when the index arrays do not have the dtypes megatron-core builds
+        (a subclass's own `_build_document_sample_shuffle_indices`)."""
         if self.shuffle_index is None:
             self._load_deferred()
         assert self.shuffle_index is not None and self.sample_index is not None
         assert self.document_index is not None
-        dataset = self.dataset
-        tokens = getattr(dataset, "_tokens", None)
         server = None
-        if (
-            isinstance(dataset, IndexedDataset)
-            and not dataset.multimodal
-            and tokens is not None
-            and tokens.dtype.kind in "iu"
-            and tokens.dtype.itemsize <= 8
-            and tokens.dtype not in (np.dtype(np.uint32), np.dtype(np.uint64))
+        source = (
+            None
+            if self._overrides("_query_document_sample_shuffle_indices")
+            else _mapped_tokens(self.dataset)
+        )
+        if source is not None and _gatherable(
+            self.shuffle_index, self.sample_index, self.document_index
         ):
+            tokens, pointers, lengths = source
             config = self.config
             inter_document = bool(config.inter_document_masking)
             attention_mask = bool(config.create_attention_mask) and not inter_document
@@ -690,8 +871,8 @@ class GPTDataset(MegatronDataset):
                 self.shuffle_index,
                 self.sample_index,
                 self.document_index,
-                dataset.sequence_pointers,
-                dataset.sequence_lengths,
+                pointers,
+                lengths,
                 tokens,
                 layout=layout,
                 extra_token=int(config.add_extra_token_to_sequence),
@@ -722,6 +903,52 @@ class GPTDataset(MegatronDataset):
                 f"stores {storage}"
             )
         return storage
+
+
+def _remote_reader(dataset: Any) -> Any:
+    """tokenmill's object-storage `.bin` reader of `dataset` (its chunk cache takes prefetch
+    hints), or None: local files, mock data, and megatron-core's own readers."""
+    reader = getattr(dataset, "bin_reader", None)
+    return reader if callable(getattr(reader, "prefetch", None)) else None
+
+
+def _mapped_tokens(dataset: Any) -> tuple[Any, Any, Any] | None:
+    """(tokens, sequence_pointers, sequence_lengths) of a memory-mapped, single-modal
+    IndexedDataset with integer tokens the gather reads, or None.
+
+    tokenmill's IndexedDataset maps its `.bin` when `mmap=True`; megatron-core's maps it in its
+    `_MMapBinReader` (`mmap=True`, its default), whose buffer is viewed here without copying,
+    so a megatron-core IndexedDataset passed to tokenmill's GPTDataset gets the C++ gather too.
+    None for `mmap=False` (a file reader in either library), object storage, multimodal data,
+    float tokens and uint32/uint64 tokens (the gather widens to int64 and reads int8..int64 and
+    uint8/uint16): those samples take the per-document Python path, with identical results.
+    """
+    index = getattr(dataset, "index", None)
+    if index is None or getattr(dataset, "multimodal", False):
+        return None
+    tokens = getattr(dataset, "_tokens", None)
+    if tokens is None:
+        buffer = getattr(getattr(dataset, "bin_reader", None), "_bin_buffer", None)
+        if buffer is None:
+            return None
+        dtype = np.dtype(index.dtype)
+        view = memoryview(buffer)
+        tokens = np.frombuffer(view, dtype=dtype, count=view.nbytes // dtype.itemsize)
+    dtype = tokens.dtype
+    if dtype.kind not in "iu" or dtype.itemsize > 8 or dtype in (np.uint32, np.uint64):
+        return None
+    return tokens, index.sequence_pointers, index.sequence_lengths
+
+
+def _gatherable(shuffle_index: Any, sample_index: Any, document_index: Any) -> bool:
+    """Whether the index arrays have the dtypes and shapes the C++ gather reads (megatron's)."""
+    return (
+        np.dtype(shuffle_index.dtype) in (np.uint32, np.int64)
+        and np.dtype(sample_index.dtype) in (np.int32, np.int64)
+        and sample_index.ndim == 2
+        and sample_index.shape[1] == 2
+        and np.dtype(document_index.dtype) == np.int32
+    )
 
 
 def _document_boundaries(

@@ -12,6 +12,7 @@ import contextlib
 import hashlib
 import json
 import warnings
+from abc import ABC, abstractmethod
 from collections import OrderedDict
 from typing import Any
 
@@ -67,8 +68,13 @@ def resolve_pad_token_id(config: BlendedMegatronDatasetConfig) -> int:
     return pad
 
 
-class MegatronDataset:
-    """Common state of GPTDataset and its relatives (megatron-core's MegatronDataset)."""
+class MegatronDataset(ABC):
+    """Common state of GPTDataset and its relatives (megatron-core's MegatronDataset).
+
+    Subclass hooks (megatron-core's): `numel_low_level_dataset` and `build_low_level_dataset`
+    (static, used by the builder), `_key_config_attributes` (static: the config fields of the
+    cache description and hash), `__len__` and `__getitem__` (abstract).
+    """
 
     def __init__(
         self,
@@ -97,8 +103,9 @@ class MegatronDataset:
         self.unique_description, self.unique_description_hash = describe(self.unique_identifiers)
         self._pad_token_id = resolve_pad_token_id(config)
 
-    def _extend_identifiers(self, identifiers: OrderedDict[str, Any]) -> None:
-        """Hook for options that change the index but are absent from megatron's key."""
+    def _extend_identifiers(self, identifiers: OrderedDict[str, Any]) -> None:  # noqa: B027
+        """Hook for options that change the index but are absent from megatron's key (none by
+        default; optional, hence not abstract)."""
 
     @staticmethod
     def numel_low_level_dataset(low_level_dataset: Any) -> int:
@@ -114,8 +121,16 @@ class MegatronDataset:
     def _key_config_attributes() -> list[str]:
         return ["random_seed", "sequence_length", "split", "split_matrix", "tokenizer"]
 
+    @abstractmethod
     def __len__(self) -> int:
-        raise NotImplementedError
+        """The number of samples."""
 
+    @abstractmethod
     def __getitem__(self, idx: int) -> Any:
-        raise NotImplementedError
+        """Sample `idx`."""
+
+    def __add__(self, other: Any) -> Any:
+        """`torch.utils.data.ConcatDataset([self, other])`, as torch's Dataset base class does."""
+        from torch.utils.data import ConcatDataset
+
+        return ConcatDataset([self, other])

@@ -7,6 +7,12 @@ cumulative sum (10 M sequences in well under a second), renames the ``.bin`` int
 the ``.idx`` the same way, so a reader never sees a partial shard. ``add_index`` merges another
 dataset with ``os.copy_file_range`` (megatron's merge semantics). Tokens that do not fit the
 dtype raise instead of wrapping around.
+
+Inputs: what megatron-core's ``numpy.array(x, dtype=...)`` accepts is accepted, with the same
+values: lists and tuples, numpy arrays of any integer (or bool) dtype, torch tensors, strings of
+digits, integral floats (tokens, lengths and modes alike). Two refusals where numpy would change
+a value silently: a value outside the dtype raises OverflowError (numpy wraps numpy arrays
+around) and a float with a fractional part raises ValueError (numpy truncates it).
 """
 
 from __future__ import annotations
@@ -98,6 +104,78 @@ def _to_numpy(tensor: Any) -> npt.NDArray[Any]:
     return numpy.asarray(tensor)
 
 
+def _as_values(values: Any, target: numpy.dtype[Any], where: str, what: str) -> npt.NDArray[Any]:
+    """`values` flattened into `target` with ``numpy.array(values, dtype=target)``'s meaning,
+    refusing what numpy would silently change.
+
+    Raises:
+        OverflowError: a value does not fit `target`.
+        ValueError: a float with a fractional part (or NaN) for an integer `target`, or a string
+            that is not a number.
+        TypeError: values of a kind numpy cannot convert (complex numbers, arbitrary objects).
+    """
+    array = _to_numpy(values).reshape(-1)
+    source = array.dtype
+    if source == target:
+        return numpy.ascontiguousarray(array)
+    if array.shape[0] == 0:
+        return numpy.empty(0, dtype=target)
+    integer_target = target.kind in "iu"
+    if source.kind in "USO":
+        # strings of digits (and mixed Python numbers) parse as numpy parses them, into a wide
+        # type first so the range check below sees the true value
+        wide = numpy.int64 if integer_target else numpy.float64
+        try:
+            array = numpy.array(array.tolist(), dtype=wide)
+        except OverflowError:
+            raise OverflowError(f"{where}: {what} {array.tolist()!r} do not fit {target}") from None
+        except (TypeError, ValueError) as error:
+            raise ValueError(f"{where}: {what} are not numbers ({error})") from None
+        source = array.dtype
+    if source.kind not in "biuf":
+        raise TypeError(f"{where}: {what} of dtype {source} cannot be written as {target}")
+    if integer_target and source.kind == "f":
+        fractional = ~numpy.isfinite(array) | (numpy.trunc(array) != array)
+        if fractional.any():
+            value = array[int(numpy.argmax(fractional))]
+            raise ValueError(
+                f"{where}: {what} must be whole numbers to be written as {target}, got "
+                f"{value.item()!r} (numpy would truncate it)"
+            )
+    if not numpy.can_cast(source, target, casting="safe"):
+        _check_range(array, target, where, what)
+    return array.astype(target)
+
+
+def _check_range(array: npt.NDArray[Any], target: numpy.dtype[Any], where: str, what: str) -> None:
+    """OverflowError unless every value of `array` survives the conversion to `target`."""
+    name = what[:-1] if what.endswith("s") else what
+    if target.kind in "iu":
+        info = numpy.iinfo(target)
+        outside = (array < info.min) | (array > info.max)
+        if outside.any():
+            value = array[int(numpy.argmax(outside))]
+            raise OverflowError(
+                f"{where}: {name} {value.item()!r} does not fit {target} [{info.min}, {info.max}]"
+            )
+    elif array.dtype.kind in "biu":
+        # integers into floats must survive the round trip exactly
+        converted = array.astype(target)
+        lost = converted.astype(array.dtype) != array
+        if lost.any():
+            value = array[int(numpy.argmax(lost))]
+            raise OverflowError(
+                f"{where}: {name} {value.item()!r} cannot be stored exactly as {target}"
+            )
+    else:
+        with numpy.errstate(over="ignore"):
+            converted = array.astype(target)
+        lost = numpy.isinf(converted) & numpy.isfinite(array)
+        if lost.any():
+            value = array[int(numpy.argmax(lost))]
+            raise OverflowError(f"{where}: {name} {value.item()!r} overflows {target}")
+
+
 class IndexedDatasetBuilder:
     """Writes a ``.bin/.idx`` pair byte-identical to megatron-core's ``IndexedDatasetBuilder``.
 
@@ -164,53 +242,9 @@ class IndexedDatasetBuilder:
             raise ValueError(f"{self.bin_path}: the builder was already finalized")
 
     def _convert(self, tensor: Any) -> npt.NDArray[Any]:
-        """Flatten ``tensor`` to the builder dtype, refusing values the dtype cannot hold."""
-        array = _to_numpy(tensor).reshape(-1)
-        target = self._numpy_dtype
-        source = array.dtype
-        if source == target:
-            return numpy.ascontiguousarray(array)
-        if array.shape[0] == 0:
-            return numpy.empty(0, dtype=target)
-        if source.kind not in "biuf":
-            raise TypeError(
-                f"{self.bin_path}: tokens of dtype {source} cannot be written as {target}"
-            )
-        if target.kind in "iu" and source.kind == "f":
-            raise TypeError(
-                f"{self.bin_path}: floating-point tokens ({source}) cannot be written as {target}; "
-                "convert them to integers first"
-            )
-        if not numpy.can_cast(source, target, casting="safe"):
-            self._check_range(array, target)
-        return array.astype(target)
-
-    def _check_range(self, array: npt.NDArray[Any], target: numpy.dtype[Any]) -> None:
-        if target.kind in "iu":
-            info = numpy.iinfo(target)
-            outside = (array < info.min) | (array > info.max)
-            if outside.any():
-                value = array[int(numpy.argmax(outside))]
-                raise OverflowError(
-                    f"{self.bin_path}: token {value.item()!r} does not fit {target} "
-                    f"[{info.min}, {info.max}]"
-                )
-        elif array.dtype.kind in "biu":
-            # integers into floats must survive the round trip exactly
-            converted = array.astype(target)
-            lost = converted.astype(array.dtype) != array
-            if lost.any():
-                value = array[int(numpy.argmax(lost))]
-                raise OverflowError(
-                    f"{self.bin_path}: token {value.item()!r} cannot be stored exactly as {target}"
-                )
-        else:
-            with numpy.errstate(over="ignore"):
-                converted = array.astype(target)
-            lost = numpy.isinf(converted) & numpy.isfinite(array)
-            if lost.any():
-                value = array[int(numpy.argmax(lost))]
-                raise OverflowError(f"{self.bin_path}: token {value.item()!r} overflows {target}")
+        """Flatten ``tensor`` to the builder dtype (``numpy.array(tensor, dtype)``'s meaning),
+        refusing values the dtype cannot hold."""
+        return _as_values(tensor, self._numpy_dtype, self.bin_path, "tokens")
 
     def _write(self, array: npt.NDArray[Any]) -> None:
         if array.shape[0]:
@@ -218,21 +252,22 @@ class IndexedDatasetBuilder:
 
     @staticmethod
     def _check_mode(mode: Any, bin_path: str) -> int:
-        value = int(mode)
-        if not -128 <= value <= 127:
-            raise OverflowError(f"{bin_path}: mode {value} does not fit int8 [-128, 127]")
-        return value
+        return int(_as_values([mode], numpy.dtype(numpy.int8), bin_path, "modes")[0])
 
     def add_item(self, tensor: Any, mode: int = 0) -> None:
         """Append one sequence (not yet a document; see :meth:`end_document`).
 
         Args:
-            tensor: the tokens: a torch tensor, numpy array or list (flattened in C order).
+            tensor: the tokens: a torch tensor, numpy array, list or tuple (flattened in C
+                order), as ``numpy.array(tensor, dtype)`` reads them (digit strings and integral
+                floats included).
             mode: the sequence's int8 mode, recorded only when multimodal.
 
         Raises:
             OverflowError: a token or the mode does not fit its dtype.
-            TypeError: the tokens are floats and the dtype is an integer type, or not numeric.
+            ValueError: a token is a float with a fractional part (integer dtypes) or a string
+                that is not a number.
+            TypeError: the tokens are of a kind numpy cannot convert.
         """
         self._check_open()
         array = self._convert(tensor)
@@ -272,10 +307,9 @@ class IndexedDatasetBuilder:
         """
         self._check_open()
         array = self._convert(tensor)
-        lengths_array = _as_flat_array(lengths)
-        if lengths_array.shape[0] and lengths_array.dtype.kind not in "iu":
-            raise TypeError(f"{self.bin_path}: lengths must be integers, got {lengths_array.dtype}")
-        lengths_array = lengths_array.astype(numpy.int64)
+        lengths_array = _as_values(
+            _as_flat_array(lengths), numpy.dtype(numpy.int64), self.bin_path, "lengths"
+        )
         if lengths_array.shape[0]:
             if int(lengths_array.min()) < 0:
                 raise ValueError(f"{self.bin_path}: lengths must be >= 0, got {lengths_array}")
@@ -295,15 +329,14 @@ class IndexedDatasetBuilder:
             if modes is None:
                 modes_array = numpy.zeros(lengths_array.shape[0], dtype=numpy.int8)
             else:
-                raw = numpy.asarray(_to_numpy(modes)).reshape(-1)
-                if raw.shape[0] != lengths_array.shape[0]:
+                modes_array = _as_values(
+                    _as_flat_array(modes), numpy.dtype(numpy.int8), self.bin_path, "modes"
+                )
+                if modes_array.shape[0] != lengths_array.shape[0]:
                     raise ValueError(
-                        f"{self.bin_path}: {raw.shape[0]} modes for {lengths_array.shape[0]} "
-                        "sequences"
+                        f"{self.bin_path}: {modes_array.shape[0]} modes for "
+                        f"{lengths_array.shape[0]} sequences"
                     )
-                for value in raw[(raw < -128) | (raw > 127)][:1]:
-                    self._check_mode(value, self.bin_path)
-                modes_array = raw.astype(numpy.int8)
         self._write(array)
         self._sequence_lengths.extend(lengths_array)
         self._document_indices.append(len(self._sequence_lengths))

@@ -30,7 +30,13 @@ import numpy.typing as npt
 from tokenmill import _core
 from tokenmill.common.threads import default_build_threads
 
-__all__ = ["GptIndexPlan", "build_gpt_indices", "num_tokens_per_epoch", "plan_gpt_indices"]
+__all__ = [
+    "GptIndexPlan",
+    "build_gpt_indices",
+    "megatron_sample_count",
+    "num_tokens_per_epoch",
+    "plan_gpt_indices",
+]
 
 _INT32_MAX = np.iinfo(np.int32).max
 _UINT32_MAX = np.iinfo(np.uint32).max
@@ -116,6 +122,19 @@ def count_samples(
     return max(int(np.ceil(ratio)), 0)
 
 
+def megatron_sample_count(
+    total_tokens: int, sequence_length: int, extra_token: int, drop_last: bool
+) -> int:
+    """The sample count exactly as megatron-core's C++ computes it, truncating toward zero:
+    `count_samples`, except that a split without tokens at sequence length 1 with the extra
+    token counts -1 (megatron-core then fails)."""
+    available = total_tokens - extra_token
+    if drop_last:
+        quotient = abs(available) // sequence_length
+        return quotient if available >= 0 else -quotient
+    return int(np.ceil(np.float32(available) / np.float32(sequence_length)))
+
+
 def plan_gpt_indices(
     sizes: npt.NDArray[np.int32],
     indices: npt.NDArray[np.int32],
@@ -125,8 +144,13 @@ def plan_gpt_indices(
     drop_last_partial_sequence: bool,
     exact_sample_count: bool = False,
     tokens_per_epoch: int | None = None,
+    num_epochs: int | None = None,
 ) -> GptIndexPlan:
-    """Compute epochs, the final-epoch rule, the sample count and the output dtypes."""
+    """Compute epochs, the final-epoch rule, the sample count and the output dtypes.
+
+    `tokens_per_epoch` and `num_epochs` override the computed values (what a GPTDataset subclass
+    returns from megatron's `_get_num_tokens_per_epoch` / `_get_num_epochs` hooks).
+    """
     if sequence_length < 1:
         raise ValueError(f"sequence_length must be >= 1, got {sequence_length}")
     if num_samples is not None and num_samples < 0:
@@ -136,12 +160,16 @@ def plan_gpt_indices(
     if tokens_per_epoch is None:
         tokens_per_epoch = num_tokens_per_epoch(sizes, indices)
     requested = 0 if num_samples is None else num_samples * sequence_length + extra
-    num_epochs = num_epochs_for(tokens_per_epoch, num_samples, requested)
+    if num_epochs is None:
+        num_epochs = num_epochs_for(tokens_per_epoch, num_samples, requested)
+    elif num_epochs < 1:
+        raise ValueError(f"num_epochs must be >= 1, got {num_epochs}")
 
     separate_final_epoch = False
     samples_before_final_epoch = 0
     if num_epochs > 1:
-        assert num_samples is not None  # num_epochs > 1 only for a requested size
+        if num_samples is None:  # only a subclass's _get_num_epochs can get here
+            raise TypeError(f"{num_epochs} epochs need a sample count, got num_samples=None")
         samples_before_final_epoch = (
             (num_epochs - 1) * tokens_per_epoch - extra
         ) // sequence_length
@@ -189,9 +217,21 @@ def build_gpt_indices(
     add_extra_token: bool,
     num_threads: int | None = None,
 ) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.integer], npt.NDArray[np.integer]]:
-    """Build (document_index, sample_index, shuffle_index) for `plan` in one C++ call."""
+    """Build (document_index, sample_index, shuffle_index) for `plan` in one C++ call.
+
+    A split with no documents (one epoch, no samples requested) gives megatron-core's arrays of
+    an empty split: no documents, the single sample-index row (0, 0) and no samples.
+    """
     if plan.num_documents == 0:
-        raise ValueError("cannot build a GPT index over a split with no documents")
+        if plan.num_samples != 0:
+            raise ValueError(
+                f"cannot build {plan.num_samples} samples from a split with no documents"
+            )
+        return (
+            np.empty(0, dtype=np.int32),
+            np.zeros((1, 2), dtype=plan.sample_dtype),
+            np.empty(0, dtype=plan.shuffle_dtype),
+        )
     document_index = np.empty(plan.document_index_shape, dtype=np.int32)
     sample_index = np.empty(plan.sample_index_shape, dtype=plan.sample_dtype)
     shuffle_index = np.empty(plan.shuffle_index_shape, dtype=plan.shuffle_dtype)

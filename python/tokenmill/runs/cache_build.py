@@ -21,6 +21,7 @@ dataset); a cold run adds the index builds (seconds per 10^8 documents).
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -233,8 +234,13 @@ def _walk(run: RunConfig, sizes: list[int | None], session: CacheSession) -> Cac
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", PerformanceWarning)  # the mask is never built here
         with cache_session(session):
+            # The fast-startup flags only make sense when consuming a built cache (they never
+            # build one): off here, as Megatron-LM's tools/prepare_cache.py turns them off.
+            config = dataclasses.replace(
+                run.config, fast_cache_load=False, defer_npy_index_mmap=False
+            )
             datasets = BlendedMegatronDatasetBuilder(
-                GPTDataset, sizes, lambda: True, run.config
+                GPTDataset, sizes, lambda: True, config
             ).build()
             if run.packing is not None:
                 from tokenmill.datasets.packed import PackedDataset

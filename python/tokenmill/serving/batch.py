@@ -6,9 +6,13 @@ attention_mask, `[B, S + 1]` cu_seqlens, `[B]` max_seqlen, `[B]` dataset_id) and
 :class:`SampleBatch`: a sequence of per-sample dicts (so torch's `default_collate` and any
 code that iterates a fetched batch keep working) that also carries the stacked tensors.
 
-* torch's `default_collate`: works unchanged, restacking the per-sample views into new stacked
-  tensors (one more copy);
-* :func:`collate`: zero extra work; the batch tensors are passed through as they are.
+* torch's `default_collate` (what Megatron's and most trainers' DataLoaders use): gives the
+  batch tensors as they are, copying nothing. The per-sample dicts are `BatchRow`s, a type
+  registered in torch's `default_collate_fn_map` (the extension point torch documents for
+  `default_collate`) when the first batch is made in a process: collating the rows of one whole
+  batch in order returns its tensors (inside a DataLoader worker, the `SharedBatch` that pickles
+  as one block); any other list of rows is collated key by key, as torch would;
+* :func:`collate`: the same, without going through torch.
 
 torch is imported only when these functions run, never by `import tokenmill`.
 """
@@ -24,7 +28,7 @@ import numpy.typing as npt
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["SampleBatch", "as_index_array", "collate", "stack_samples"]
+__all__ = ["BatchRow", "SampleBatch", "as_index_array", "collate", "stack_samples"]
 
 
 class SampleBatch(Sequence[dict[str, Any]]):
@@ -40,6 +44,12 @@ class SampleBatch(Sequence[dict[str, Any]]):
     def __init__(self, tensors: dict[str, torch.Tensor], size: int) -> None:
         self.tensors = tensors
         self.size = size
+        if not _COLLATE_REGISTERED:
+            _register_collate()
+
+    def collated(self) -> dict[str, Any]:
+        """The batch dict (a shallow copy of `tensors`, of the same type)."""
+        return self.tensors.copy()
 
     def __len__(self) -> int:
         return self.size
@@ -56,7 +66,10 @@ class SampleBatch(Sequence[dict[str, Any]]):
             return [self[i] for i in range(*index.indices(self.size))]
         if not -self.size <= index < self.size:
             raise IndexError(f"sample {index} is out of range for a batch of {self.size}")
-        return {key: value[index] for key, value in self.tensors.items()}
+        row = BatchRow({key: value[index] for key, value in self.tensors.items()})
+        row.batch = self
+        row.position = index % self.size
+        return row
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         for index in range(self.size):
@@ -65,6 +78,50 @@ class SampleBatch(Sequence[dict[str, Any]]):
     def __repr__(self) -> str:
         shapes = ", ".join(f"{key}: {tuple(value.shape)}" for key, value in self.tensors.items())
         return f"SampleBatch({self.size} samples; {shapes})"
+
+
+class BatchRow(dict[str, Any]):
+    """Sample `position` of a `SampleBatch` (views into its tensors), remembering its batch."""
+
+    batch: SampleBatch
+    position: int
+
+
+_COLLATE_REGISTERED = False
+
+
+def _register_collate() -> None:
+    """Teach torch's `default_collate` to pass whole batches through (see the module docstring)."""
+    global _COLLATE_REGISTERED
+    from torch.utils.data._utils.collate import default_collate_fn_map
+
+    default_collate_fn_map[BatchRow] = _collate_rows
+    _COLLATE_REGISTERED = True
+
+
+def _collate_rows(batch: Any, *, collate_fn_map: Any = None) -> Any:
+    """`default_collate` of `BatchRow`s: the batch's own tensors when `batch` is one whole
+    `SampleBatch` (or all its rows, in order); otherwise torch's Mapping rule, key by key."""
+    if isinstance(batch, SampleBatch):
+        return batch.collated()
+    rows = list(batch)
+    first = rows[0]
+    source = getattr(first, "batch", None)
+    if (
+        isinstance(source, SampleBatch)
+        and len(rows) == source.size
+        and all(
+            isinstance(row, BatchRow) and row.batch is source and row.position == number
+            for number, row in enumerate(rows)
+        )
+    ):
+        return source.collated()
+    from torch.utils.data._utils.collate import collate as torch_collate
+
+    return {
+        key: torch_collate([row[key] for row in rows], collate_fn_map=collate_fn_map)
+        for key in first
+    }
 
 
 def collate(batch: Any) -> Any:
@@ -80,7 +137,7 @@ def collate(batch: Any) -> Any:
         A dict of batched tensors.
     """
     if isinstance(batch, SampleBatch):
-        return batch.tensors
+        return batch.collated()
     from torch.utils.data import default_collate
 
     return default_collate(batch)

@@ -6,9 +6,8 @@ copy), so the arrays belong to the batch until its consumer lets go. Three owner
 * the main process, not pinned: a :class:`BufferPool` of recently used sets per batch size. A
   fresh multi-MB allocation costs its page faults on every batch (more than the gather at
   S=2048); a pooled set is reused once nothing but the pool references its arrays;
-* a DataLoader worker process: :func:`allocate_shared` carves every array from ONE shared-memory
-  block, so the worker hands the batch to the main process as one segment (torch sends one
-  descriptor per storage, each a socket round trip) and nothing is copied;
+* a DataLoader worker process: `tokenmill.serving.shared` carves every array from one
+  shared-memory block, sent to the main process as one segment and reused once it is done;
 * pinned (page-locked) memory: :func:`allocate` asks torch for it, fresh per batch (torch's
   caching host allocator recycles it).
 
@@ -29,18 +28,11 @@ import numpy.typing as npt
 from tokenmill.serving.layout import Field
 
 if TYPE_CHECKING:
-    import torch
+    pass
 
-__all__ = ["BufferPool", "Buffers", "SharedBuffers", "allocate", "allocate_shared"]
+__all__ = ["BufferPool", "Buffers", "allocate"]
 
 Buffers = dict[str, npt.NDArray[Any]]
-
-
-class SharedBuffers(Buffers):
-    """Arrays carved from one shared-memory block, with the torch views of the same memory (the
-    batch's tensors must be these views, not `from_numpy` copies, to stay in the block)."""
-
-    views: dict[str, torch.Tensor]
 
 
 class BufferPool:
@@ -105,26 +97,4 @@ def allocate(
             buffers[field.key] = tensor.numpy()
         else:
             buffers[field.key] = np.empty(shape, dtype=field.dtype)
-    return buffers
-
-
-def allocate_shared(fields: tuple[Field, ...], count: int, torch: Any) -> SharedBuffers:
-    """`[count, *shape]` arrays carved from one shared-memory block (64-byte aligned)."""
-    offsets = []
-    total = 0
-    for field in fields:
-        total = -(-total // 64) * 64
-        offsets.append(total)
-        total += int(np.prod(field.shape)) * count * field.dtype.itemsize
-    storage = torch.UntypedStorage._new_shared(max(total, 1))
-    block = torch.empty(0, dtype=torch.uint8).set_(storage)
-    raw = block.numpy()
-    buffers = SharedBuffers()
-    buffers.views = {}
-    for field, offset in zip(fields, offsets):
-        shape = (count, *field.shape)
-        size = int(np.prod(shape)) * field.dtype.itemsize
-        buffers[field.key] = raw[offset : offset + size].view(field.dtype).reshape(shape)
-        torch_dtype = torch.from_numpy(np.empty(0, field.dtype)).dtype
-        buffers.views[field.key] = block[offset : offset + size].view(torch_dtype).view(shape)
     return buffers

@@ -4,8 +4,10 @@ A dataset is *servable* when it implements :class:`Servable`: it names its `Batc
 fills rows of a batch in that layout (GPTDataset with one C++ gather call, PackedDataset with
 another). :class:`BatchServer` does the rest, the same for every dataset:
 
-1. take the batch's arrays from its owner (`tokenmill.serving.buffers`): the reuse pool, one
-   shared-memory block inside a DataLoader worker, or page-locked memory;
+1. take the batch's arrays from their owner: the reuse pool (`tokenmill.serving.buffers`), a
+   shared-memory block inside a DataLoader worker (`tokenmill.serving.shared`: the batch then
+   pickles as that one block, which is reused once the main process is done with it), or
+   page-locked memory;
 2. ask each dataset to fill its rows (a blend asks each member present in the batch for the rows
    it supplies; all share one layout), with two gather threads for a batch of 1 MiB or more
    outside DataLoader workers (`tokenmill.common.threads`);
@@ -25,14 +27,9 @@ import numpy as np
 import numpy.typing as npt
 
 from tokenmill.common import threads
-from tokenmill.serving.buffers import (
-    BufferPool,
-    Buffers,
-    SharedBuffers,
-    allocate,
-    allocate_shared,
-)
+from tokenmill.serving.buffers import BufferPool, Buffers, allocate
 from tokenmill.serving.layout import BatchLayout
+from tokenmill.serving.shared import BlockBuffers, SharedBlockPool, batch_in_block
 
 if TYPE_CHECKING:
     import torch
@@ -85,6 +82,7 @@ class BatchServer:
         self.layout = layout
         self.fields = layout.fields()
         self.pool = BufferPool()
+        self.shared: SharedBlockPool | None = None
         self.worker: bool | None = None
 
     def in_worker(self) -> bool:
@@ -100,7 +98,9 @@ class BatchServer:
         """Uninitialised `[count, ...]` arrays of every field, lent to the caller until
         `pool.release` (a no-op for arrays that are not pooled)."""
         if not pin_memory and self.in_worker():
-            return allocate_shared(self.fields, count, self.torch)
+            if self.shared is None:
+                self.shared = SharedBlockPool(self.fields, self.torch)
+            return self.shared.take(count)
         if not pin_memory:
             buffers = self.pool.take(count)
             if buffers is None:
@@ -120,13 +120,14 @@ class BatchServer:
     def tensors(
         self, buffers: Buffers, padding: npt.NDArray[np.bool_] | None
     ) -> dict[str, torch.Tensor]:
-        """The batch dict of filled `buffers` (tensors share the arrays' memory)."""
+        """The batch dict of filled `buffers` (tensors share the arrays' memory); a
+        `tokenmill.serving.shared.SharedBatch` when they are a worker's shared block."""
         from_numpy = self.torch.from_numpy
-        if isinstance(buffers, SharedBuffers):
-            tensors = buffers.views
-        else:
-            tensors = {key: from_numpy(array) for key, array in buffers.items()}
-        return self.layout.collate(tensors, None if padding is None else from_numpy(padding))
+        tensors = {key: from_numpy(array) for key, array in buffers.items()}
+        batch = self.layout.collate(tensors, None if padding is None else from_numpy(padding))
+        if isinstance(buffers, BlockBuffers) and self.shared is not None:
+            return batch_in_block(batch, buffers, self.shared)
+        return batch
 
     def serve(
         self,

@@ -1,0 +1,325 @@
+"""Every config path of BlendedMegatronDatasetBuilder against megatron-core 0.19.2.
+
+Each case draws every dimension independently from its own seeded generator: the form of the
+blend (one prefix, weighted or unweighted blends, blend_per_split with any mix of single,
+weighted, unweighted and absent splits, multiple_validation_sets with and without
+full_validation, mock data), the corpora (including ones so small that "98,2,0" or "969,30,1"
+give a split no documents), the split string, the size of every split (an int, 0 or None), the
+seed, the sequence length, all seven sample flags, mid_level_dataset_surplus,
+num_dataset_builder_threads, mmap_bin_files, the vocabulary (int32 shards and token_dtype_code 4
+above 65536), the tokenizer's pad / special_tokens_dict / eos, and sequences_per_dataset read
+back from the JSON file Megatron-LM's tools/build_sequences_per_dataset.py writes.
+
+Both libraries build with their own cache directory and must give the same result: the same
+datasets (class, length, description and hash, arrays, samples) and byte-identical cache files;
+where megatron-core refuses a case, tokenmill must refuse it too, with the same exception type,
+or ValueError/IndexError where megatron-core asserts (the documented difference). Then every
+fast path reloads each library's caches with the other library: `defer_npy_index_mmap`,
+`fast_cache_load` (blend_per_split and mock only, as megatron requires) and both, compared the
+same way.
+
+Cost: TOKENMILL_CONFIG_CASES cases (default 40, about 30 s on the 2-core dev VM); the larger
+sweep in the report was run with TOKENMILL_CONFIG_CASES=400.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from conftest import random_documents, write_megatron_shard
+from megatron_compare import cache_files, compare_results
+
+pytestmark = [
+    pytest.mark.megatron,
+    pytest.mark.filterwarnings("ignore::tokenmill.errors.PerformanceWarning"),
+]
+
+torch = pytest.importorskip("torch")
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    megatron_builder = pytest.importorskip(
+        "megatron.core.datasets.blended_megatron_dataset_builder"
+    )
+    megatron_gpt = pytest.importorskip("megatron.core.datasets.gpt_dataset")
+
+from tokenmill.datasets.builder import BlendedMegatronDatasetBuilder
+from tokenmill.datasets.gpt import GPTDataset, GPTDatasetConfig, MockGPTDataset
+from tokenmill.datasets.utils import parse_and_normalize_split
+from tokenmill.megatron.indexed_dataset import _IndexReader
+
+CASES = int(os.environ.get("TOKENMILL_CONFIG_CASES", "40"))
+
+FLAGS = (
+    "reset_position_ids",
+    "reset_attention_mask",
+    "eod_mask_loss",
+    "create_attention_mask",
+    "add_extra_token_to_sequence",
+    "drop_last_partial_validation_sequence",
+    "inter_document_masking",
+)
+SPLITS = ("969,30,1", "98,2,0", "1", "0.9 0.1", "80,10,10", "7/2/1", "1,1,1", "0,0,1", "3 5")
+FORMS = ("single", "weighted", "unweighted", "per-split", "multiple-validation", "mock")
+PER_SPLIT_KINDS = ("none", "single", "weighted", "unweighted")
+
+
+class Tokenizer:
+    """The attributes megatron's datasets read; pad / special tokens / eos only when given."""
+
+    def __init__(
+        self, vocab_size: int, pad: int | None, special: dict[str, int] | None, eos: int | None
+    ) -> None:
+        self.vocab_size = vocab_size
+        self.eod = 0
+        if pad is not None:
+            self.pad = pad
+        if special is not None:
+            self.special_tokens_dict = special
+        if eos is not None:
+            self.eos = eos
+        self.unique_identifiers = {"class": "Tokenizer", "vocab_size": vocab_size, "pad": pad}
+
+
+def split_bounds(split: str, documents: int) -> list[tuple[int, int] | None]:
+    from tokenmill.datasets.utils import convert_split_vector_to_split_matrix
+
+    matrix = convert_split_vector_to_split_matrix(parse_and_normalize_split(split))
+    return [
+        None
+        if bookends is None
+        else (int(round(bookends[0] * documents)), int(round(bookends[1] * documents)))
+        for bookends in matrix
+    ]
+
+
+class Case:
+    """One drawn configuration: the config fields, sizes and prefixes of both libraries."""
+
+    def __init__(self, case: int, tmp_path: Path) -> None:
+        rng = np.random.default_rng(7000 + case)
+        self.rng = rng
+        self.form = FORMS[int(rng.integers(len(FORMS)))]
+        vocab = int(rng.choice([1000, 70000]))
+        self.token_dtype = np.int32 if vocab > 65536 else np.uint16
+        pad_choice = int(rng.integers(4))
+        tokenizer = Tokenizer(
+            vocab,
+            pad=[None, 3, 0, 7][pad_choice],  # 0 collides with EOD
+            special={"eos_token": 7, "pad_token": 3} if rng.random() < 0.3 else None,
+            eos=7 if rng.random() < 0.3 else None,
+        )
+        flags = {name: bool(rng.integers(2)) for name in FLAGS}
+        self.fields: dict[str, Any] = {
+            "random_seed": int(rng.integers(0, 2**32)),
+            "sequence_length": int(rng.choice([1, 3, 16, 64, 255])),
+            "tokenizer": tokenizer,
+            "mid_level_dataset_surplus": float(rng.choice([0.0, 0.005, 0.2, 1.0])),
+            "num_dataset_builder_threads": int(rng.choice([1, 2, 3])),
+            "mmap_bin_files": bool(rng.integers(2)),
+            **flags,
+        }
+        self.prefixes: list[str] = []
+        tmp_path.mkdir(parents=True, exist_ok=True)
+        self.tmp_path = tmp_path
+        self.sizes: list[int | None] = [None, None, None]
+        self._draw_form(rng)
+        self.sequences_json = self.form != "mock" and rng.random() < 0.3
+        if self.sequences_json:
+            self.fields["sequences_per_dataset"] = self._sequences_per_dataset()
+
+    def _shard(self, documents: int) -> str:
+        rng = self.rng
+        vocab = self.fields["tokenizer"].vocab_size
+        prefix = self.tmp_path / f"shard{len(self.prefixes)}"
+        texts = random_documents(rng, documents, int(rng.choice([5, 40, 300])), vocab_size=vocab)
+        for text in texts[:: int(rng.integers(3, 9))]:
+            text[len(text) // 2] = 3  # real pad ids inside documents
+        self.prefixes.append(write_megatron_shard(prefix, texts, self.token_dtype))
+        return self.prefixes[-1]
+
+    def _size(self, weighted: bool, may_be_empty: bool) -> int | None:
+        """A split size: None (one epoch), 0, or a count; weighted blends need a count, and a
+        split that may get no documents gets None (megatron-core loops forever drawing samples
+        from a split without tokens; see test_megatron_compat.py)."""
+        rng = self.rng
+        if may_be_empty:
+            return None
+        choice = int(rng.integers(4 if not weighted else 3))
+        return [int(rng.integers(1, 300)), 0, int(rng.integers(300, 900)), None][choice]
+
+    def _blend(self, count: int, weighted: bool, documents: int) -> tuple[list[str], Any]:
+        prefixes = [self._shard(documents) for _ in range(count)]
+        if not weighted:
+            return prefixes, None
+        weights = self.rng.uniform(0.05, 1.0, count)
+        if self.rng.random() < 0.3:
+            return prefixes, [int(w * 10) + 1 for w in weights]  # integer weights
+        return prefixes, weights.tolist()
+
+    def _draw_form(self, rng: np.random.Generator) -> None:
+        form = self.form
+        if form == "mock":
+            # megatron's mock corpus is 100 000 documents of up to 4096 tokens: keep S large so
+            # a one-epoch split stays small
+            self.cls = "mock"
+            self.fields["sequence_length"] = 1024
+            self.sizes = [int(rng.integers(1, 200)), int(rng.integers(0, 40)), None]
+            return
+        self.cls = "gpt"
+        if form in ("single", "weighted", "unweighted"):
+            weighted = form == "weighted"
+            count = 1 if form == "single" else int(rng.integers(2, 6))
+            # small corpora give some splits no documents (only for one-epoch sizes, see _size);
+            # a weighted blend needs a size for every split, so its splits all get documents
+            documents = int(rng.choice([3, 20, 60, 150])) if not weighted else 150
+            while True:
+                split = SPLITS[int(rng.integers(len(SPLITS)))]
+                bounds = split_bounds(split, documents)
+                if not weighted or all(b is None or b[1] - b[0] >= 2 for b in bounds):
+                    break
+            self.fields["split"] = split
+            self.fields["blend"] = self._blend(count, weighted, documents)
+            self.sizes = [
+                None
+                if bookends is None
+                else self._size(weighted, may_be_empty=bookends[1] - bookends[0] < 2)
+                for bookends in bounds
+            ]
+            if weighted and rng.random() < 0.1:
+                self.sizes[int(rng.integers(3))] = None  # refused by both (weights need a size)
+            return
+        per_split: list[Any] = []
+        kinds = [PER_SPLIT_KINDS[int(rng.integers(len(PER_SPLIT_KINDS)))] for _ in range(3)]
+        if all(kind == "none" for kind in kinds):
+            kinds[0] = "single"
+        if form == "multiple-validation":
+            kinds[1] = "unweighted"
+            self.fields["multiple_validation_sets"] = True
+            if rng.random() < 0.5:
+                self.fields["full_validation"] = True
+        for split, kind in enumerate(kinds):
+            if kind == "none":
+                per_split.append(None)
+                self.sizes[split] = int(rng.integers(0, 50))
+                continue
+            weighted = kind == "weighted"
+            count = 1 if kind == "single" else int(rng.integers(2, 5))
+            per_split.append(self._blend(count, weighted, int(rng.choice([20, 60, 150]))))
+            self.sizes[split] = self._size(weighted, may_be_empty=False)
+        if self.fields.get("full_validation"):
+            self.sizes[1] = None
+        self.fields["blend_per_split"] = per_split
+
+    def _sequences_per_dataset(self) -> dict[str, Any]:
+        """What tools/build_sequences_per_dataset.py writes: prefix -> (sequences, documents)
+        from each `.idx` header, through a JSON file."""
+        counts = {}
+        for prefix in self.prefixes:
+            reader = _IndexReader(prefix + ".idx", False)
+            counts[prefix] = (reader.sequence_count, reader.document_count)
+        path = self.tmp_path / "sequences_per_dataset.json"
+        path.write_text(json.dumps(counts))
+        loaded: dict[str, Any] = json.loads(path.read_text())
+        return loaded
+
+    def build(self, library: str, cache: Path, **overrides: Any) -> tuple[list[Any] | None, Any]:
+        """(datasets, None) or (None, the exception) for one library."""
+        fields = {**self.fields, "path_to_cache": str(cache), **overrides}
+        if library == "megatron":
+            config_type: Any = megatron_gpt.GPTDatasetConfig
+            builder_type: Any = megatron_builder.BlendedMegatronDatasetBuilder
+            cls = megatron_gpt.MockGPTDataset if self.cls == "mock" else megatron_gpt.GPTDataset
+        else:
+            config_type, builder_type = GPTDatasetConfig, BlendedMegatronDatasetBuilder
+            cls = MockGPTDataset if self.cls == "mock" else GPTDataset
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                config = config_type(**fields)
+                return builder_type(cls, list(self.sizes), lambda: True, config).build(), None
+        except Exception as error:  # compared below: both libraries must refuse alike
+            return None, error
+
+    def describe(self) -> str:
+        shown = {k: v for k, v in self.fields.items() if k not in ("tokenizer",)}
+        return f"form={self.form} sizes={self.sizes} {shown}"
+
+
+def assert_same_refusal(ours: BaseException | None, theirs: BaseException, where: str) -> None:
+    """tokenmill refuses what megatron-core refuses: the same type (or a subclass), or
+    ValueError / IndexError where megatron-core asserts (documented), RuntimeError where its
+    mock path wraps an error in a bare Exception."""
+    assert ours is not None, f"{where}: megatron-core raised {theirs!r}, tokenmill did not"
+    if isinstance(theirs, AssertionError):
+        assert isinstance(ours, (ValueError, IndexError)), f"{where}: {ours!r} vs {theirs!r}"
+    elif type(theirs) is Exception:
+        assert isinstance(ours, Exception), where
+    else:
+        assert isinstance(ours, type(theirs)), f"{where}: {ours!r} vs {theirs!r}"
+
+
+def run_both(case: Case, name: str, **overrides: Any) -> tuple[Any, Any]:
+    theirs, their_error = case.build("megatron", case.tmp_path / f"{name}-megatron", **overrides)
+    ours, our_error = case.build("tokenmill", case.tmp_path / f"{name}-tokenmill", **overrides)
+    where = f"{name}: {case.describe()}"
+    if their_error is not None:
+        assert_same_refusal(our_error, their_error, where)
+        return None, None
+    assert our_error is None, f"{where}: tokenmill raised {our_error!r}, megatron-core did not"
+    compare_results(ours, theirs, case.rng, where)
+    return ours, theirs
+
+
+@pytest.mark.parametrize("case", range(CASES))
+def test_config_paths_match_megatron(tmp_path: Path, case: int) -> None:
+    drawn = Case(case, tmp_path)
+    _, theirs = run_both(drawn, "build")
+    if theirs is None:
+        return
+    megatron_files = cache_files(tmp_path / "build-megatron")
+    tokenmill_files = cache_files(tmp_path / "build-tokenmill")
+    assert tokenmill_files == megatron_files, drawn.describe()
+
+    # Fast paths over the caches each library wrote, read by the other library.
+    modes: list[dict[str, bool]] = [{"defer_npy_index_mmap": True}]
+    if drawn.fields.get("blend") is None:
+        modes += [
+            {"fast_cache_load": True},
+            {"fast_cache_load": True, "defer_npy_index_mmap": True},
+        ]
+    for number, mode in enumerate(modes):
+        crossed = tmp_path / f"fast{number}"
+        shutil.copytree(tmp_path / "build-megatron", crossed / "for-tokenmill")
+        shutil.copytree(tmp_path / "build-tokenmill", crossed / "for-megatron")
+        theirs_fast, their_error = drawn.build("megatron", crossed / "for-megatron", **mode)
+        ours_fast, our_error = drawn.build("tokenmill", crossed / "for-tokenmill", **mode)
+        where = f"{mode}: {drawn.describe()}"
+        if their_error is not None:
+            assert_same_refusal(our_error, their_error, where)
+            continue
+        assert our_error is None, f"{where}: tokenmill raised {our_error!r}"
+        compare_results(ours_fast, theirs_fast, drawn.rng, where)
+
+
+def test_generator_covers_every_form_and_flag_value(tmp_path: Path) -> None:
+    """The draws are independent: across the cases every form, split string, flag value, and
+    a size of each kind (None, 0, count) appears."""
+    forms, splits, flags, sizes = set(), set(), set(), set()
+    for case in range(CASES):
+        drawn = Case(case, tmp_path / str(case))
+        forms.add(drawn.form)
+        splits.add(drawn.fields.get("split"))
+        flags.update((name, drawn.fields[name]) for name in FLAGS)
+        sizes.update("none" if s is None else "zero" if s == 0 else "count" for s in drawn.sizes)
+    assert forms == set(FORMS)
+    assert len(splits - {None}) >= 6
+    assert len(flags) == 2 * len(FLAGS)
+    assert sizes == {"none", "zero", "count"}
