@@ -654,7 +654,11 @@ def test_corrupt_pointer_never_reads_out_of_bounds(shard: Path, mmap: bool) -> N
     patch_index(shard, pointer_offset + 8, "<q", 10**9)  # sequence 1
     patch_index(shard, pointer_offset + 16, "<q", 2)  # sequence 2, off the 4-byte grid
     patch_index(shard, HEADER_SIZE + 12, "<i", -5)  # length of sequence 3
-    dataset = IndexedDataset(str(shard), mmap=mmap)
+    # refused on open by the structural check every reader shares
+    with pytest.raises(DataFormatError, match=r"shard\.idx: sequence_lengths\[3\] = -5"):
+        IndexedDataset(str(shard), mmap=mmap)
+    # fast_cache_load skips that scan (as megatron does); every access is still bounds-checked
+    dataset = IndexedDataset(str(shard), mmap=mmap, fast_cache_load=True)
     assert dataset[0].tolist() == [1, 2, 3]
     for sequence in (1, 2):
         with pytest.raises(DataFormatError, match=rf"shard\.bin: sequence {sequence} points at"):

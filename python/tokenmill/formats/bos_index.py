@@ -155,12 +155,18 @@ def _check_positions(path: str, positions: npt.NDArray[Any], token_count: int | 
 def check_bos_positions(
     path: str, tokens: npt.NDArray[Any], positions: npt.NDArray[Any], bos_token: int
 ) -> None:
-    """Check that every listed position holds ``bos_token`` (one vectorised gather).
+    """Check that every listed position holds ``bos_token`` (one vectorised gather), that a
+    shard starting with BOS is listed from 0, and that no BOS follows the last listed position
+    (`tokenmill.formats.validate.check_bos_index_consistency`: a partial index is refused).
 
     Raises:
-        DataFormatError: a position holds another token; the message names the first one.
+        DataFormatError: a position holds another token (the message names the first one), or
+            the index is empty, shifted or truncated.
     """
     if positions.shape[0] == 0:
+        from tokenmill.formats.validate import check_bos_index_consistency
+
+        check_bos_index_consistency(path, tokens, positions, bos_token)
         return
     wrong = tokens[positions] != bos_token
     if wrong.any():
@@ -172,6 +178,9 @@ def check_bos_positions(
             "wrong). NeMo's nanogpt_data_processor.py stores byte offsets in .bos.idx; rebuild "
             "the index with tokenmill.formats.bos_index.write_bos_index or `tokenmill convert`"
         )
+    from tokenmill.formats.validate import check_bos_index_consistency
+
+    check_bos_index_consistency(path, tokens, positions, bos_token)
 
 
 def write_bos_index(

@@ -22,13 +22,16 @@ Invariants checked when a dataset is opened (each failure raises
 * the magic, version and dtype code are known, and the ``.idx`` is exactly as long as its header
   says (an extra multimodal trailer is tolerated when reading with ``multimodal=False``);
 * ``document_indices`` starts at 0, ends at S and never decreases;
+* ``sequence_lengths`` are >= 0 and ``sequence_pointers`` are their running sum x itemsize (no
+  gap, overlap or misalignment), one vectorised pass shared by every reader
+  (`tokenmill.formats.validate`);
 * the ``.bin`` is exactly ``sequence_pointers[-1] + sequence_lengths[-1] * itemsize`` bytes.
 
 Every access is additionally bounds-checked against the ``.bin`` size before a view is taken, so a
 corrupt index raises instead of reading the wrong bytes or crashing.
 
 Cost: opening maps the ``.idx`` and takes zero-copy views (O(1)), plus one vectorised pass over
-``document_indices`` (about 1 ms per million documents; skipped with ``fast_cache_load``). With
+the index arrays (a few ms per million sequences; skipped with ``fast_cache_load``). With
 ``mmap=True`` an item is a zero-copy read-only view of the mapped ``.bin`` (~1 µs of Python
 overhead); with ``mmap=False`` it is one ``os.preadv`` into a fresh array. The builder keeps lengths
 and boundaries in growable numpy buffers, computes pointers with one cumulative sum at finalize
@@ -186,8 +189,6 @@ class IndexedDataset:
         self.index = _IndexReader(
             get_idx_path(path_prefix), multimodal, sequences_per_dataset, dtype_code
         )
-        if not fast_cache_load:
-            self.index.validate()
         self.dtype = self.index.dtype
         self._itemsize = self.index.dtype_size
         self._sequence_count = self.index.sequence_count
@@ -196,6 +197,8 @@ class IndexedDataset:
         descriptor = _open_bin(bin_path)
         try:
             self._bin_size = os.fstat(descriptor).st_size
+            if not fast_cache_load:
+                self.index.validate(self._bin_size, bin_path)
             self._check_bin_size(f"{bin_path}: data file", self.index.idx_path)
             if mmap:
                 if self._bin_size:
@@ -236,14 +239,14 @@ class IndexedDataset:
         self.index = _IndexReader(
             local_idx, self.multimodal, self.sequences_per_dataset, self.dtype_code
         )
-        if not self.fast_cache_load:
-            self.index.validate()
         self.dtype = self.index.dtype
         self._itemsize = self.index.dtype_size
         self._sequence_count = self.index.sequence_count
         bin_path = get_bin_path(prefix)
         reader = S3BinReader(bin_path, config, client)
         self._bin_size = reader.size
+        if not self.fast_cache_load:
+            self.index.validate(self._bin_size, bin_path)
         self._check_bin_size(
             f"{bin_path}: data object", f"{local_idx} (from {get_idx_path(prefix)})"
         )

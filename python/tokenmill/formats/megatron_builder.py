@@ -419,13 +419,17 @@ class IndexedDatasetBuilder:
         path_prefix = os.fspath(path_prefix)
         _refuse_object_storage(path_prefix)
         index = _IndexReader(get_idx_path(path_prefix), multimodal=self.multimodal)
-        index.validate()
+        bin_path = get_bin_path(path_prefix)
+        try:
+            bin_size: int | None = os.path.getsize(bin_path)
+        except OSError:
+            bin_size = None  # reported below, when it is opened
+        index.validate(bin_size, bin_path)
         if numpy.dtype(index.dtype) != self._numpy_dtype:
             raise DataFormatError(
                 f"{get_idx_path(path_prefix)}: dtype {numpy.dtype(index.dtype)} does not match the "
                 f"builder's dtype {self._numpy_dtype} ({self.bin_path}); cannot merge"
             )
-        bin_path = get_bin_path(path_prefix)
         expected = index.expected_bin_size()
         with open(bin_path, "rb") as source:
             size = os.fstat(source.fileno()).st_size

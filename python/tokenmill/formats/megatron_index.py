@@ -291,25 +291,30 @@ class _IndexReader:
                 f"{idx_path}: unknown dtype code {code!r}; known codes are 1..{len(DType)}"
             )
 
-    def validate(self) -> None:
-        """Check that document boundaries start at 0, end at the sequence count and never decrease.
+    def validate(self, bin_size: int | None = None, bin_path: str | None = None) -> None:
+        """The structural check every reader runs on open (`tokenmill.formats.validate`):
+        lengths >= 0, pointers the running sum of length x item size (no gap, overlap or
+        misalignment), the last sequence ending at the ``.bin`` size, document boundaries from 0
+        to the sequence count and never decreasing. One vectorised pass over the index arrays.
+
+        Args:
+            bin_size: the ``.bin`` size in bytes (not checked if None).
+            bin_path: the ``.bin`` path, for messages.
 
         Raises:
-            DataFormatError: a boundary is inconsistent.
+            DataFormatError: the first violated invariant, naming the field, index and value.
         """
-        path, boundaries = self.idx_path, self.document_indices
-        if boundaries.shape[0] == 0:
-            raise DataFormatError(f"{path}: document_indices is empty, expected at least [0]")
-        if int(boundaries[0]) != 0:
-            raise DataFormatError(
-                f"{path}: document_indices must start at 0, got {int(boundaries[0])}"
-            )
-        if int(boundaries[-1]) != self.sequence_count:
-            raise DataFormatError(
-                f"{path}: document_indices must end at the sequence count {self.sequence_count}, "
-                f"got {int(boundaries[-1])}"
-            )
-        check_non_decreasing(boundaries, path, "document_indices")
+        from tokenmill.formats.validate import check_megatron_index
+
+        check_megatron_index(
+            self.idx_path,
+            self.sequence_lengths,
+            self.sequence_pointers,
+            self.document_indices,
+            self.dtype_size,
+            bin_size,
+            bin_path,
+        )
 
     def expected_bin_size(self) -> int:
         """The ``.bin`` size implied by the last pointer and length (0 when there are no
