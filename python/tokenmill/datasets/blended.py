@@ -41,6 +41,7 @@ from tokenmill.index.blending import (
     build_exhaustive_blending_indices,
 )
 from tokenmill.index.cache import ArraySpec, IndexCache
+from tokenmill.index.cache_checks import blended_checks
 from tokenmill.serving.batch import SampleBatch, as_index_array, stack_samples
 from tokenmill.serving.layout import BatchLayout
 from tokenmill.serving.server import BatchServer
@@ -151,9 +152,14 @@ class BlendedDataset:
     def _specs(self) -> dict[str, ArraySpec]:
         index_dtype = np.int16 if len(self.datasets) < INT16_MAX_DATASETS else np.int32
         length = (self._total(),)
+        checks = blended_checks([len(dataset) for dataset in self.datasets])
         return {
-            "dataset_index": ArraySpec((np.dtype(index_dtype),), length),
-            "dataset_sample_index": ArraySpec((np.dtype(np.int64),), length),
+            "dataset_index": ArraySpec(
+                (np.dtype(index_dtype),), length, values=checks["dataset_index"]
+            ),
+            "dataset_sample_index": ArraySpec(
+                (np.dtype(np.int64),), length, values=checks["dataset_sample_index"]
+            ),
         }
 
     def _compute(self) -> dict[str, npt.NDArray[Any]]:

@@ -66,6 +66,7 @@ from tokenmill.datasets.megatron_dataset import MegatronDataset
 from tokenmill.datasets.utils import Split
 from tokenmill.errors import CacheError, CacheMissingError, PerformanceWarning
 from tokenmill.index.cache import ArraySpec, IndexCache
+from tokenmill.index.cache_checks import gpt_checks
 from tokenmill.index.gpt_index import (
     GptIndexPlan,
     as_document_ids,
@@ -341,10 +342,25 @@ class GPTDataset(MegatronDataset):
                 "sample_index": ArraySpec((int32, int64), ndim=2),
                 "shuffle_index": ArraySpec((uint32, int64), ndim=1),
             }
+        checks = gpt_checks(
+            as_document_ids(self.indices),
+            np.asarray(self.dataset.sequence_lengths),
+            plan.num_samples,
+        )
         return {
-            "document_index": ArraySpec((int32,), plan.document_index_shape),
-            "sample_index": ArraySpec((np.dtype(plan.sample_dtype),), plan.sample_index_shape),
-            "shuffle_index": ArraySpec((np.dtype(plan.shuffle_dtype),), plan.shuffle_index_shape),
+            "document_index": ArraySpec(
+                (int32,), plan.document_index_shape, values=checks["document_index"]
+            ),
+            "sample_index": ArraySpec(
+                (np.dtype(plan.sample_dtype),),
+                plan.sample_index_shape,
+                values=checks["sample_index"],
+            ),
+            "shuffle_index": ArraySpec(
+                (np.dtype(plan.shuffle_dtype),),
+                plan.shuffle_index_shape,
+                values=checks["shuffle_index"],
+            ),
         }
 
     def _build_document_sample_shuffle_indices(

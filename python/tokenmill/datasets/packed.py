@@ -43,6 +43,7 @@ from tokenmill.common import distributed
 from tokenmill.common.threads import default_build_threads
 from tokenmill.errors import DataFormatError
 from tokenmill.index.cache import ArraySpec, IndexCache
+from tokenmill.index.cache_checks import packing_checks
 from tokenmill.index.packing import INSERTED_BOS, plan_packing
 from tokenmill.serving.buffers import allocate
 from tokenmill.serving.layout import BatchLayout, Field, PlainLayout
@@ -246,10 +247,11 @@ class PackedDataset:
             _ARRAY_NAMES,
         )
         int64 = (np.dtype(np.int64),)
+        checks = packing_checks()
         specs = {
             "entries": ArraySpec(int64, ndim=2),
-            "row_offsets": ArraySpec(int64, ndim=1),
-            "row_order": ArraySpec(int64, ndim=1),
+            "row_offsets": ArraySpec(int64, ndim=1, values=checks["row_offsets"]),
+            "row_order": ArraySpec(int64, ndim=1, values=checks["row_order"]),
         }
         builder = distributed.is_cache_builder()
         arrays: dict[str, npt.NDArray[Any]] | None = None

@@ -45,6 +45,7 @@ import numpy.typing as npt
 from tokenmill.common.atomic import AtomicFile, atomic_write_text
 from tokenmill.errors import CacheError, DataFormatError, StaleCacheError
 from tokenmill.formats.npy import load_npy
+from tokenmill.index import cache_checks
 from tokenmill.index import fingerprint as data_fingerprint
 from tokenmill.storage.remote_cache import is_remote_cache
 
@@ -67,6 +68,8 @@ class ArraySpec:
     dtypes: tuple[np.dtype[np.generic], ...]
     shape: tuple[int, ...] | None = None
     ndim: int | None = None
+    # value-range check implied by the owner (tokenmill.index.cache_checks), run on load and build
+    values: cache_checks.ValuesCheck | None = None
 
     def problem(self, array: npt.NDArray[Any]) -> str | None:
         if array.dtype not in self.dtypes:
@@ -242,7 +245,16 @@ class IndexCache:
             if problem:
                 problems.append(f"{path}: {problem}")
             arrays[name] = array
+        if not problems and specs:
+            problems = self._value_problems(arrays, specs, full=_SESSION is not None)
         return (None, problems) if problems else (arrays, [])
+
+    def _value_problems(
+        self, arrays: Mapping[str, npt.NDArray[Any]], specs: Mapping[str, ArraySpec], full: bool
+    ) -> list[str]:
+        """`cache_checks`: every value at build and under build-cache (full), a stride on load."""
+        checks = {name: spec.values for name, spec in specs.items()}
+        return cache_checks.value_problems(arrays, checks, full, self.array_path)
 
     @contextlib.contextmanager
     def locked(self) -> Iterator[None]:
@@ -352,7 +364,7 @@ class IndexCache:
             if arrays is not None and not (checking and self.stale_reasons(data_prefixes)[0]):
                 record(False, False, ())
                 return arrays, False
-            built = self._build_and_save(build, data_prefixes if checking else ())
+            built = self._build_and_save(build, data_prefixes if checking else (), specs)
         record(True, True, problems)
         return built, True
 
@@ -403,6 +415,7 @@ class IndexCache:
         self,
         build: Callable[[], Mapping[str, npt.NDArray[Any]]],
         data_prefixes: Sequence[str],
+        specs: Mapping[str, ArraySpec] | None = None,
     ) -> dict[str, npt.NDArray[Any]]:
         """Build the arrays and write the entry (call under the lock), fingerprinting
         `data_prefixes` first: data that changes during the build is then seen as stale."""
@@ -411,6 +424,9 @@ class IndexCache:
             data_fingerprint.fingerprint_prefixes(data_prefixes) if data_prefixes else None
         )
         built = dict(build())
+        problems = self._value_problems(built, specs, full=True) if specs else []
+        if problems:  # never commit an entry that would be refused on load
+            raise CacheError("built index arrays are invalid: " + "; ".join(problems))
         self.save(built, fingerprint)
         return built
 
