@@ -342,11 +342,8 @@ class GPTDataset(MegatronDataset):
                 "sample_index": ArraySpec((int32, int64), ndim=2),
                 "shuffle_index": ArraySpec((uint32, int64), ndim=1),
             }
-        checks = gpt_checks(
-            as_document_ids(self.indices),
-            np.asarray(self.dataset.sequence_lengths),
-            plan.num_samples,
-        )
+        ids = np.empty(0, np.int64) if self.indices is None else as_document_ids(self.indices)
+        checks = gpt_checks(ids, np.asarray(self.dataset.sequence_lengths), plan.num_samples)
         return {
             "document_index": ArraySpec(
                 (int32,), plan.document_index_shape, values=checks["document_index"]

@@ -114,6 +114,8 @@ def gpt_checks(
     low, high = (int(ids.min()), int(ids.max())) if ids.shape[0] else (0, -1)
 
     def document(arrays: Mapping[str, npt.NDArray[Any]], full: bool) -> list[str]:
+        if not ids.shape[0]:
+            return []  # no split known (fast_cache_load): nothing to bound by
         problem = _range_problem("document_index", arrays["document_index"], low, high, full)
         return [problem] if problem else []
 
