@@ -207,15 +207,82 @@ class _CountingReader(io.RawIOBase):
         return len(data)
 
 
+class _ZstdFrames(io.RawIOBase):
+    """Decompresses concatenated zstd frames and raises on a stream that ends inside a frame.
+
+    ``zstandard``'s ``stream_reader`` reads a truncated file as a shorter valid one (the
+    documents of the unfinished frame vanish without an error), so frames are decoded here with
+    one ``decompressobj`` each, whose ``eof`` says whether the frame ended properly.
+    """
+
+    def __init__(self, path: str, raw: IO[bytes]) -> None:
+        import zstandard
+
+        self._path = path
+        self._raw = raw
+        self._new = zstandard.ZstdDecompressor().decompressobj
+        self._frame = self._new()
+        self._frame_start = 0  # byte offset (in the compressed file) of the current frame
+        self._consumed = 0  # compressed bytes read so far
+        self._in_frame = False  # some bytes of the current frame were fed
+        self._output = bytearray()
+        self._position = 0  # start of the unread output
+        self._done = False
+
+    def readable(self) -> bool:
+        return True
+
+    def _fill(self, wanted: int) -> None:
+        if self._position:
+            del self._output[: self._position]
+            self._position = 0
+        while len(self._output) < wanted and not self._done:
+            data = self._raw.read(_READ_BLOCK)
+            if not data:
+                if self._in_frame:
+                    raise DataFormatError(
+                        f"{self._path}: zstd stream ends at byte {self._consumed} inside the "
+                        f"frame that starts at byte {self._frame_start}; the file is truncated"
+                    )
+                self._done = True
+                return
+            while data:
+                fed = len(data)
+                self._in_frame = True
+                try:
+                    self._output += self._frame.decompress(data)
+                except Exception as error:  # zstandard.ZstdError
+                    raise DataFormatError(
+                        f"{self._path}: corrupt zstd frame starting at byte {self._frame_start} "
+                        f"(read up to byte {self._consumed + fed}): {error}"
+                    ) from error
+                if not self._frame.eof:
+                    self._consumed += fed
+                    break
+                rest = self._frame.unused_data
+                self._consumed += fed - len(rest)
+                self._frame_start = self._consumed
+                self._frame = self._new()
+                self._in_frame = False
+                data = rest
+
+    def readinto(self, buffer: Any) -> int:
+        view = memoryview(buffer).cast("B")
+        if len(self._output) - self._position < len(view):
+            self._fill(len(view))
+        count = min(len(view), len(self._output) - self._position)
+        view[:count] = self._output[self._position : self._position + count]
+        self._position += count
+        return count
+
+
 def _open_decompressed(path: str, fmt: str, raw: IO[bytes]) -> IO[bytes]:
     if fmt == "jsonl.gz":
         import gzip
 
         return cast(IO[bytes], gzip.GzipFile(fileobj=raw, mode="rb"))
     if fmt == "jsonl.zst":
-        import zstandard
-
-        return zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True)
+        return cast(IO[bytes], io.BufferedReader(_ZstdFrames(path, raw), _READ_BLOCK))
     return raw
 
 
@@ -232,9 +299,12 @@ def _line_chunks(path: str, fmt: str, kind: str, chunk_bytes: int) -> Iterator[C
             while not ended:
                 try:
                     block = stream.read(max(chunk_bytes, _READ_BLOCK))
+                except DataFormatError:
+                    raise
                 except Exception as error:  # gzip.BadGzipFile, zstd errors, EOFError
                     raise DataFormatError(
-                        f"{path}: cannot decompress ({fmt}) after line {line}: {error}"
+                        f"{path}: cannot decompress ({fmt}) at byte {counter.count} of the "
+                        f"file, after line {line}: {error}"
                     ) from error
                 ended = not block
                 pending += block
