@@ -49,6 +49,9 @@ def build_parser() -> argparse.ArgumentParser:
         "for LLM pre-training.",
     )
     parser.add_argument("--version", action="version", version=f"tokenmill {tokenmill.__version__}")
+    parser.add_argument(
+        "--debug", action="store_true", help="show the traceback of an error instead of one line"
+    )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for register in _subcommand_registrars():
         register(subparsers)
@@ -62,7 +65,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     if handler is None:
         parser.print_help()
         return 0
-    return handler(args)
+    from tokenmill.cli._errors import install_sigterm, report_error, restore_sigterm
+
+    previous = install_sigterm()
+    try:
+        return handler(args)
+    except (Exception, KeyboardInterrupt) as error:
+        if getattr(args, "debug", False):
+            raise
+        return report_error(str(getattr(args, "command", None) or "tokenmill"), error)
+    finally:
+        restore_sigterm(previous)
 
 
 if __name__ == "__main__":

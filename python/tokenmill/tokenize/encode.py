@@ -279,8 +279,14 @@ class Encoder:
 _WORKER_ENCODER: Encoder | None = None
 
 
-def initialize_worker(spec: TokenizerSpec, options: EncodeOptions) -> None:
-    """The initializer of a worker process: load the tokenizer once."""
+def initialize_worker(
+    spec: TokenizerSpec, options: EncodeOptions, parent: int | None = None
+) -> None:
+    """The initializer of a worker process: exit with the job (`parent`'s pid), load the
+    tokenizer once."""
+    from tokenmill.common.ownership import die_with_parent
+
+    die_with_parent(parent)
     # one process per core: the tokenizers' own thread pools would only oversubscribe
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
     os.environ["RAYON_NUM_THREADS"] = "1"

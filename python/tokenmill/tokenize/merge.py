@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy
 
+from tokenmill.common.ownership import own_output
 from tokenmill.common.progress import Progress
 from tokenmill.errors import DataFormatError
 from tokenmill.formats.dataset_sidecar import (
@@ -195,10 +196,33 @@ def merge_datasets(
     else:
         fingerprint = check_compatible(prefixes)
     sidecars = [read_sidecar(p) for p in with_fingerprint]
+    with own_output(output_prefix):
+        return _merge_owned(prefixes, output_prefix, fingerprint, sidecars, progress, move_single)
 
-    first = IndexedDataset(prefixes[0])
-    dtype = first.index.dtype
-    del first
+
+def _merge_owned(
+    prefixes: list[str],
+    output_prefix: str,
+    fingerprint: dict[str, Any],
+    sidecars: list[dict[str, Any]],
+    progress: bool,
+    move_single: bool,
+) -> dict[str, Any]:
+    """`merge_datasets` once the output is owned: every input is opened and checked (the
+    structural check of `tokenmill.formats.validate`) before any output file is touched, so a
+    corrupt input leaves the old output as it was and no new final-named file."""
+    dtype = None
+    for prefix in prefixes:
+        dataset = IndexedDataset(prefix)
+        if dtype is None:
+            dtype = dataset.index.dtype
+        elif numpy.dtype(dataset.index.dtype) != numpy.dtype(dtype):
+            raise DataFormatError(
+                f"{get_idx_path(prefix)}: dtype {numpy.dtype(dataset.index.dtype)} differs from "
+                f"{numpy.dtype(dtype)} of {get_idx_path(prefixes[0])}; cannot merge"
+            )
+        del dataset
+    assert dtype is not None  # prefixes is not empty
     directory, name = os.path.split(output_prefix)
     leftovers = []  # temporary files of an earlier, killed merge into the same output
     for suffix in (".bin", ".idx", SIDECAR_SUFFIX):

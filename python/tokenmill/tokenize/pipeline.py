@@ -26,6 +26,11 @@ Algorithm:
    parts directory is then removed unless ``keep_parts``. With several ranks each rank only
    writes its parts, and ``tokenmill merge <prefix>.parts --output <prefix>`` assembles them.
 
+Ownership: the run holds ``<dir>/.<name>.tokenmill-owner`` (`tokenmill.common.ownership`; one rank of
+several owns ``<prefix>.parts/rank-R-of-W``), so a second job writing the same output fails with
+"X is being written by another tokenmill (pid, host)" instead of mixing its parts in; worker
+processes exit when the job dies.
+
 Each document becomes one sequence of one document in the output, exactly as megatron's
 ``tools/preprocess_data.py`` writes it (``--append-eod`` appends the EOD id; an empty document
 becomes a document with no sequence and no EOD). ``window`` splits longer documents (after BOS
@@ -54,6 +59,7 @@ from typing import Any
 
 import numpy
 
+from tokenmill.common.ownership import own_output
 from tokenmill.errors import DataFormatError
 from tokenmill.formats.dataset_sidecar import read_sidecar, sidecar_path, write_sidecar
 from tokenmill.formats.megatron import DType, IndexedDatasetBuilder, get_bin_path, get_idx_path
@@ -387,6 +393,19 @@ def tokenize(config: TokenizeConfig) -> TokenizeResult:
         config = dataclasses.replace(
             config, read=dataclasses.replace(config.read, chunk_bytes=chunk_bytes)
         )
+    # one writer per output: a second job gets OutputBusyError instead of mixing its parts in
+    owned = config.output_prefix if config.world_size == 1 else _rank_prefix(config)
+    with own_output(owned):
+        return _tokenize_owned(config, tokenizer, started)
+
+
+def _rank_prefix(config: TokenizeConfig) -> str:
+    """What one rank of a multi-rank job owns: its share of the parts."""
+    return f"{config.output_prefix}.parts/rank-{config.rank}-of-{config.world_size}"
+
+
+def _tokenize_owned(config: TokenizeConfig, tokenizer: Tokenizer, started: float) -> TokenizeResult:
+    """`tokenize` once the output (or this rank's share) is owned."""
     run = _Run.plan(config, tokenizer)
     progress = Progress(
         sum(identity["size"] for _, identity in run.pending), enabled=config.progress
@@ -569,7 +588,7 @@ def _write_parts(
             max_workers=config.workers,
             mp_context=process_context(),
             initializer=initialize_worker,
-            initargs=(run.spec, run.options),
+            initargs=(run.spec, run.options, os.getpid()),
         )
     task = encoder if encoder is not None and config.workers > 0 else encode_in_worker
     window = 2 * config.workers + 2

@@ -241,8 +241,9 @@ class _ZstdFrames(io.RawIOBase):
             if not data:
                 if self._in_frame:
                     raise DataFormatError(
-                        f"{self._path}: zstd stream ends at byte {self._consumed} inside the "
-                        f"frame that starts at byte {self._frame_start}; the file is truncated"
+                        f"{self._path}: cannot decompress (jsonl.zst): the stream ends at byte "
+                        f"{self._consumed} inside the frame that starts at byte "
+                        f"{self._frame_start}; the file is truncated"
                     )
                 self._done = True
                 return
@@ -253,8 +254,9 @@ class _ZstdFrames(io.RawIOBase):
                     self._output += self._frame.decompress(data)
                 except Exception as error:  # zstandard.ZstdError
                     raise DataFormatError(
-                        f"{self._path}: corrupt zstd frame starting at byte {self._frame_start} "
-                        f"(read up to byte {self._consumed + fed}): {error}"
+                        f"{self._path}: cannot decompress (jsonl.zst): corrupt frame starting at "
+                        f"byte {self._frame_start} (read up to byte {self._consumed + fed}): "
+                        f"{error}"
                     ) from error
                 if not self._frame.eof:
                     self._consumed += fed
