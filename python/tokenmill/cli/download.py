@@ -34,6 +34,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     parser.add_argument("arguments", nargs="+", metavar="SOURCE LOCAL_DIR")
     parser.add_argument("--url", action="append", default=[], help="an http(s) shard URL")
+    parser.add_argument(
+        "--allow",
+        action="append",
+        default=[],
+        metavar="PREFIX",
+        help="also fetch objects under this URL prefix or local directory (a manifest may "
+        "otherwise name only objects under its own location)",
+    )
     parser.add_argument("--workers", type=int, default=4, help="parallel downloads (4)")
     parser.add_argument("--retries", type=int, default=6, help="attempts per HTTP request (6)")
     parser.add_argument(
@@ -75,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
                 display.event(f"{int(display.count)} {what} {key}")
 
         try:
-            report = download(source, local_dir, policy=policy, progress=progress)
+            report = download(source, local_dir, policy=policy, progress=progress, allow=args.allow)
         finally:
             display.close(final_line=False)
     except (OSError, ValueError, TokenmillError, ImportError) as error:

@@ -25,7 +25,8 @@ import json
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable
+import urllib.parse
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
@@ -52,7 +53,14 @@ from tokenmill.storage.transfer import (
     sha256_file,
 )
 
-__all__ = ["STATE_NAME", "DownloadJob", "DownloadReport", "download", "start_download"]
+__all__ = [
+    "STATE_NAME",
+    "DownloadJob",
+    "DownloadReport",
+    "check_source",
+    "download",
+    "start_download",
+]
 
 STATE_NAME = ".tokenmill-download.json"
 
@@ -192,6 +200,73 @@ def _fetch_local(path: str, partial: str) -> int:
     return received
 
 
+def _within(location: str, prefix: str) -> bool:
+    """Whether `location` lies under `prefix` (a URL prefix or a local directory), after
+    normalising both: same scheme and host, and a path below the prefix's path."""
+    if is_s3_location(prefix) or is_http_location(prefix):
+        here, there = urllib.parse.urlsplit(location), urllib.parse.urlsplit(prefix)
+        if (here.scheme.lower(), here.netloc.lower()) != (
+            there.scheme.lower(),
+            there.netloc.lower(),
+        ):
+            return False
+        if here.query or here.fragment or "/../" in f"{here.path}/" or "/./" in f"{here.path}/":
+            return False
+        base_path = there.path.rstrip("/") + "/"
+        return here.path.startswith(base_path) or base_path == "/"
+    if "://" in location or location.startswith("file:"):
+        return False
+    real, root = os.path.realpath(location), os.path.realpath(prefix)
+    return real == root or real.startswith(root.rstrip(os.sep) + os.sep)
+
+
+def check_source(
+    location: str, base: str, allow: Sequence[str], trust_urls: bool, where: str
+) -> str:
+    """`location` if a manifest at `base` may name it, else ValueError naming `where`.
+
+    An object must lie under the manifest's own location (`base`) or under a prefix of the
+    explicit allow-list; never a ``file:`` URL, another scheme, or (for a remote manifest) a
+    local path. `trust_urls`: the list is the user's own (``--url``, a local shard list, a
+    `Manifest` built by the caller): its http(s) and s3 URLs may point anywhere.
+    """
+    parsed = urllib.parse.urlsplit(location)
+    scheme = parsed.scheme.lower()
+    remote = is_s3_location(location) or is_http_location(location)
+    if scheme and not remote and not (len(scheme) == 1 and os.name == "nt"):
+        raise ValueError(f"{where}: refusing {location!r}: only http(s):// and s3:// are fetched")
+    if remote and trust_urls:
+        return location
+    if any(_within(location, prefix) for prefix in allow):
+        return location
+    if base and _within(location, base):  # a remote base never contains a local path
+        return location
+    raise ValueError(
+        f"{where}: refusing {location!r}: a manifest may name only objects under its own "
+        f"location {base or '(none)'!r} (pass allow=[...] / --allow PREFIX to permit others)"
+    )
+
+
+def _safe_destination(local_dir: str, final: str, where: str) -> None:
+    """ValueError unless every component between `local_dir` and `final` is a real directory
+    or absent (a symlink planted in the destination is never followed), and `final` itself is
+    not a symlink."""
+    relative = os.path.relpath(final, local_dir)
+    if relative.startswith(os.pardir):
+        raise ValueError(f"{where}: {final} is outside the destination {local_dir}")
+    current = local_dir
+    for part in relative.split(os.sep):
+        current = os.path.join(current, part)
+        if os.path.islink(current):
+            raise ValueError(
+                f"{where}: refusing to write through the symlink {current} in the destination "
+                f"{local_dir} (tokenmill did not create it)"
+            )
+    partial = _partial_path(final)
+    if os.path.islink(partial):
+        raise ValueError(f"{where}: refusing to write through the symlink {partial}")
+
+
 class DownloadJob:
     """A download running on background threads (see `start_download`)."""
 
@@ -202,7 +277,14 @@ class DownloadJob:
         local_dir: str,
         policy: TransferPolicy,
         progress: Callable[[str, str], None] | None = None,
+        allow: Sequence[str] = (),
+        trust_urls: bool = False,
     ) -> None:
+        self.allow = tuple(allow)
+        self.trust_urls = trust_urls
+        # every source is checked before anything is written
+        for item in manifest.objects:
+            check_source(self._source_of(item, base), base, self.allow, trust_urls, item.key)
         self.manifest = manifest
         self.progress = progress
         self.base = base
@@ -261,12 +343,20 @@ class DownloadJob:
                 names.sort()
         return self.report
 
+    @staticmethod
+    def _source_of(item: ManifestObject, base: str) -> str:
+        return item.url if item.url is not None else join_location(base, item.key)
+
     def _source(self, item: ManifestObject) -> str:
-        return item.url if item.url is not None else join_location(self.base, item.key)
+        return check_source(
+            self._source_of(item, self.base), self.base, self.allow, self.trust_urls, item.key
+        )
 
     def _one(self, item: ManifestObject) -> str:
         final = self.path(item.key)
+        _safe_destination(self.local_dir, final, item.key)
         os.makedirs(os.path.dirname(final), exist_ok=True)
+        _safe_destination(self.local_dir, final, item.key)  # nothing planted meanwhile
         if self._already_there(item, final):
             with self._lock:
                 self.report.skipped.append(item.key)
@@ -340,6 +430,7 @@ def start_download(
     policy: TransferPolicy | None = None,
     keys: Iterable[str] | None = None,
     progress: Callable[[str, str], None] | None = None,
+    allow: Sequence[str] = (),
 ) -> DownloadJob:
     """Start downloading in the background; returns at once.
 
@@ -350,21 +441,29 @@ def start_download(
         policy: workers, retries, part size.
         keys: only these objects (default: all).
         progress: called from the worker threads with (key, "fetched" | "present").
+        allow: URL prefixes or local directories objects may come from besides the manifest's
+            own location. A loaded manifest (and a remote shard list) may otherwise name only
+            objects under its own location: no other host, no local path, no ``file:``. A
+            `Manifest` passed in, and a local shard list, are the caller's own: their http(s)
+            and s3 URLs may point anywhere.
 
     Raises:
-        FileNotFoundError / ValueError: the manifest is missing or invalid; KeyError: an
-            unknown key.
+        FileNotFoundError / ValueError: the manifest is missing or invalid, or names an object
+            outside its location and the allow-list; KeyError: an unknown key.
     """
     policy = policy or TransferPolicy()
     if isinstance(source, Manifest):
         if base is None and any(item.url is None for item in source.objects):
             raise ValueError("a Manifest without URLs needs base= (where its keys live)")
         manifest, where = source, base or ""
+        trust_urls = True
     else:
         manifest, where = load_manifest(source, policy)
+        is_local = not (is_s3_location(source) or is_http_location(source))
+        trust_urls = is_local and not source.endswith(".json")  # the user's own shard list
     if keys is not None:
         manifest = Manifest(tuple(manifest.find(key) for key in keys), manifest.config)
-    return DownloadJob(manifest, where, os.fspath(local_dir), policy, progress)
+    return DownloadJob(manifest, where, os.fspath(local_dir), policy, progress, allow, trust_urls)
 
 
 def download(
@@ -375,6 +474,7 @@ def download(
     policy: TransferPolicy | None = None,
     keys: Iterable[str] | None = None,
     progress: Callable[[str, str], None] | None = None,
+    allow: Sequence[str] = (),
 ) -> DownloadReport:
     """Download every object (see `start_download`) and wait for all of them.
 
@@ -383,5 +483,7 @@ def download(
         ObjectStorageError: a transfer failed after its retries.
         FileNotFoundError: the manifest or an object is missing.
     """
-    job = start_download(source, local_dir, base=base, policy=policy, keys=keys, progress=progress)
+    job = start_download(
+        source, local_dir, base=base, policy=policy, keys=keys, progress=progress, allow=allow
+    )
     return job.result()

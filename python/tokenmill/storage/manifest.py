@@ -14,7 +14,9 @@ checksum, in which case the downloader cannot verify them and says so in its rep
 
 Keys are relative POSIX paths without ``..``; a manifest that breaks this, or lists a key twice,
 raises ValueError naming the manifest and the key, so a download can never write outside its
-directory.
+directory. Sizes, mtimes and URLs are bounded and type-checked; *where* an object may come from
+(only under the manifest's own location, or an explicit allow-list) is checked by
+`tokenmill.storage.download.check_source`.
 """
 
 from __future__ import annotations
@@ -40,6 +42,10 @@ __all__ = [
 
 FORMAT = "tokenmill.manifest"
 VERSION = 1
+MAX_SIZE = 1 << 50
+"""The largest object size a manifest may state (1 PiB): a bigger one is corruption."""
+MAX_MTIME_NS = (1 << 63) - 1
+MAX_URL = 4096
 
 
 def check_key(key: Any, where: str) -> str:
@@ -141,20 +147,30 @@ class Manifest:
             key = check_key(entry.get("key"), label)
             size, digest, url = entry.get("size"), entry.get("sha256"), entry.get("url")
             if size is not None and (
-                not isinstance(size, int) or isinstance(size, bool) or size < 0
+                not isinstance(size, int) or isinstance(size, bool) or not 0 <= size <= MAX_SIZE
             ):
-                raise ValueError(f"{label} ({key}): size must be an integer >= 0, got {size!r}")
+                raise ValueError(
+                    f"{label} ({key}): size must be an integer in [0, {MAX_SIZE}], got {size!r:.80}"
+                )
             if digest is not None and not _is_sha256(digest):
                 raise ValueError(f"{label} ({key}): sha256 must be 64 hex digits, got {digest!r}")
-            if url is not None and not isinstance(url, str):
-                raise ValueError(f"{label} ({key}): url must be a string, got {url!r}")
+            if url is not None and (not isinstance(url, str) or len(url) > MAX_URL):
+                raise ValueError(
+                    f"{label} ({key}): url must be a string of at most {MAX_URL} characters, "
+                    f"got {url!r:.80}"
+                )
             if url is None and (size is None or digest is None):
                 raise ValueError(f"{label} ({key}): size and sha256 are required")
             mtime_ns = entry.get("mtime_ns")
             if mtime_ns is not None and (
-                not isinstance(mtime_ns, int) or isinstance(mtime_ns, bool) or mtime_ns < 0
+                not isinstance(mtime_ns, int)
+                or isinstance(mtime_ns, bool)
+                or not 0 <= mtime_ns <= MAX_MTIME_NS
             ):
-                raise ValueError(f"{label} ({key}): mtime_ns must be an integer >= 0")
+                raise ValueError(
+                    f"{label} ({key}): mtime_ns must be an integer in [0, {MAX_MTIME_NS}], got "
+                    f"{mtime_ns!r:.80}"
+                )
             objects.append(ManifestObject(key, size, digest, url, mtime_ns))
         config = payload.get("config")
         if config is not None and not isinstance(config, dict):
