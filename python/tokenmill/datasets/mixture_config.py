@@ -336,6 +336,9 @@ class MixtureConfig:
                 data = tomllib.loads(text)
             except tomllib.TOMLDecodeError as error:
                 raise MixtureConfigError(f"{name}: not valid TOML: {error}") from None
+            except RecursionError:
+                raise MixtureConfigError(f"{name}: the config is nested too deeply") from None
+            _check_size(data, name)
         elif suffix in (".yaml", ".yml"):
             try:
                 import yaml
@@ -343,10 +346,8 @@ class MixtureConfig:
                 raise MixtureConfigError(
                     f"{name}: YAML configs need PyYAML (pip install 'tokenmill[yaml]')"
                 ) from None
-            try:
-                data = yaml.safe_load(text)
-            except yaml.YAMLError as error:
-                raise MixtureConfigError(f"{name}: not valid YAML: {error}") from None
+            del yaml
+            data = _parse_yaml(text, name)
         else:
             raise MixtureConfigError(
                 f"{name}: a mixture config must end in .toml, .yaml or .yml, got {suffix!r}"
@@ -375,6 +376,25 @@ class MixtureConfig:
                 for phase in self.phases
             ],
         }
+
+
+def _check_size(data: Any, name: str) -> None:
+    from tokenmill.common.config_text import ConfigTextError, check_size
+
+    try:
+        check_size(data, name)
+    except ConfigTextError as error:
+        raise MixtureConfigError(str(error)) from None
+
+
+def _parse_yaml(text: str, name: str) -> Any:
+    """Bounded safe YAML (`tokenmill.common.config_text`: aliases, depth, expanded size)."""
+    from tokenmill.common.config_text import parse_config_text
+
+    try:
+        return parse_config_text(text, name, "yaml")
+    except ValueError as error:
+        raise MixtureConfigError(str(error)) from None
 
 
 def _source_from(

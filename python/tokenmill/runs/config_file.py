@@ -135,18 +135,14 @@ def read_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
                 f"{name}: reading YAML needs PyYAML (pip install 'tokenmill[cache]'), or use "
                 "a .toml or .json config"
             ) from error
+    from tokenmill.common.config_text import ConfigTextError, parse_config_text
+
+    kind = "yaml" if yaml is not None else "toml" if suffix == ".toml" else "json"
     try:
-        text = raw.decode("utf-8")
-        if yaml is not None:
-            data = yaml.safe_load(text)
-        elif suffix == ".toml":
-            try:
-                toml: Any = importlib.import_module("tomllib")
-            except ModuleNotFoundError:  # Python 3.10: the same parser as a package
-                toml = importlib.import_module("tomli")
-            data = toml.loads(text)
-        else:
-            data = json.loads(text)
+        # bounded: alias count, depth and expanded size (tokenmill.common.config_text)
+        data = parse_config_text(raw.decode("utf-8"), name, kind)
+    except ConfigTextError:
+        raise
     except Exception as error:  # JSON, TOML, YAML and UTF-8 errors alike
         raise ValueError(f"{name}: cannot parse config: {error}") from error
     if not isinstance(data, dict):
@@ -247,6 +243,25 @@ def _jsonable(value: Any) -> Any:
     return json.loads(json.dumps(value, default=lambda obj: obj.unique_identifiers))
 
 
+def _check_field_types(config_class: Any, values: Mapping[str, Any], where: str) -> None:
+    """ConfigTextError naming the field when a value's type differs from its field's default's
+    (int, bool, float, str; a float field takes an int): "12" is not coerced to 12."""
+    from tokenmill.common.config_text import typed
+
+    for item in dataclasses.fields(config_class):
+        default = item.default
+        if item.name not in values or default is None or default is dataclasses.MISSING:
+            continue
+        if isinstance(default, bool):
+            typed(values, item.name, bool, where)
+        elif isinstance(default, int):
+            typed(values, item.name, int, where)
+        elif isinstance(default, float):
+            typed(values, item.name, float, where)
+        elif isinstance(default, str):
+            typed(values, item.name, str, where)
+
+
 def load_run_config(path: str | os.PathLike[str]) -> RunConfig:
     """Read a dataset config file (see the module docstring for its keys).
 
@@ -277,6 +292,7 @@ def load_run_config(path: str | os.PathLike[str]) -> RunConfig:
         kwargs["blend_per_split"] = [
             _parse_blend(blend, f"{name}: blend_per_split[{i}]") for i, blend in enumerate(splits)
         ]
+    _check_field_types(GPTDatasetConfig, kwargs, name)
     try:
         config = GPTDatasetConfig(**kwargs)
     except (TypeError, ValueError) as error:
@@ -292,6 +308,7 @@ def load_run_config(path: str | os.PathLike[str]) -> RunConfig:
         options = data["packing"]
         if not isinstance(options, dict):
             raise ValueError(f"{name}: packing must be a mapping, got {options!r}")
+        _check_field_types(PackingConfig, options, f"{name}: packing")
         options = {"path_to_cache": config.path_to_cache, **options}
         try:
             packing = PackingConfig(**options)
