@@ -38,8 +38,10 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from tokenmill.common.config_text import shown
 from tokenmill.datasets.mixture_config import MixtureConfig, MixtureSource
 from tokenmill.formats.documents import DocumentCorpus
+from tokenmill.index.cache_checks import check_mixture_state
 from tokenmill.index.mixture_plan import MixtureCursor, MixturePlan, Piece
 
 __all__ = ["Mixture", "MixtureReport", "SourceData"]
@@ -316,18 +318,36 @@ class Mixture:
         if state is None:
             return MixtureCursor(self.plan)
         if not isinstance(state, Mapping) or state.get("format") != STATE_FORMAT:
-            raise ValueError(f"not a mixture state (format must be {STATE_FORMAT!r}): {state!r}")
+            raise ValueError(
+                f"not a mixture state (format must be {STATE_FORMAT!r}): {shown(state)}"
+            )
         if state.get("version") != STATE_VERSION:
             raise ValueError(
                 f"mixture state version must be {STATE_VERSION}, got {state.get('version')!r}"
             )
-        try:
-            position = int(state["position"])
-            segment_start = int(state["segment_start"])
-            saved_ledger = {str(k): int(v) for k, v in dict(state["ledger"]).items()}
-            saved_sources = dict(state["sources"])
-        except (KeyError, TypeError, ValueError) as error:
-            raise ValueError(f"mixture state: missing or bad field: {error}") from None
+        # typed and bounded before anything moves (tokenmill.index.cache_checks): "12" or 1.5
+        # is an error naming the field, not a coerced position
+        bound = (0, 1 << 62)
+        check_mixture_state(state, {"position": bound, "segment_start": bound})
+        position = int(state["position"])
+        segment_start = int(state["segment_start"])
+        ledger, sources = state.get("ledger"), state.get("sources")
+        if not isinstance(ledger, Mapping) or not isinstance(sources, Mapping):
+            raise ValueError(
+                "mixture state: missing or bad field: 'ledger' and 'sources' must be mappings, got "
+                f"{type(ledger).__name__} and {type(sources).__name__}"
+            )
+        # typed here; the sign is checked below with the source's name
+        check_mixture_state(ledger, {str(name): (-(1 << 62), 1 << 62) for name in ledger})
+        saved_ledger = {str(k): int(v) for k, v in ledger.items()}
+        saved_sources = dict(sources)
+        for name, saved in saved_sources.items():
+            if not isinstance(saved, Mapping):
+                raise ValueError(
+                    f"mixture state: missing or bad field: sources[{shown(name)}] must be a "
+                    f"mapping, got {shown(saved)}"
+                )
+            check_mixture_state(saved, {"documents": bound, "tokens": bound})
         summary = self.source_summary()
         for name in saved_ledger:
             if name not in summary:

@@ -277,15 +277,16 @@ def check_mixture_state(state: Mapping[str, Any], fields: Mapping[str, tuple[int
         raise TypeError(f"mixture state must be a dict, got {type(state).__name__}")
     for name, (low, high) in fields.items():
         if name not in state:
-            raise ValueError(f"mixture state: field {name!r} is missing")
+            raise ValueError(f"mixture state: missing or bad field: {name!r} is missing")
         value = state[name]
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
             shown = repr(value)[:80]
             raise TypeError(
-                f"mixture state: field {name!r} must be an integer, got "
+                f"mixture state: missing or bad field: {name!r} must be an integer, got "
                 f"{type(value).__name__} {shown}"
             )
         if not low <= int(value) <= min(high, _STATE_INT_MAX):
             raise ValueError(
-                f"mixture state: field {name!r} = {int(value)} is outside [{low}, {high}]"
+                f"mixture state: missing or bad field: {name!r} = {int(value)} is outside "
+                f"[{low}, {high}]"
             )
