@@ -343,7 +343,12 @@ class GPTDataset(MegatronDataset):
                 "shuffle_index": ArraySpec((uint32, int64), ndim=1),
             }
         ids = np.empty(0, np.int64) if self.indices is None else as_document_ids(self.indices)
-        checks = gpt_checks(ids, np.asarray(self.dataset.sequence_lengths), plan.num_samples)
+        checks = gpt_checks(
+            ids,
+            np.asarray(self.dataset.sequence_lengths),
+            plan.num_samples,
+            self.config.sequence_length,
+        )
         return {
             "document_index": ArraySpec(
                 (int32,), plan.document_index_shape, values=checks["document_index"]

@@ -11,7 +11,7 @@ BlendedDataset, PackedDataset) knows the bounds; it attaches a check to the entr
   (a `cache_session`): *full*, every value (the permutation test allocates one byte per sample);
 * **on every other load**: *cheap*, the endpoints and a stride of at most 2^16 entries per array
   (about a millisecond whatever the size), so a systematically wrong file is caught without
-  reading gigabytes on every rank.
+  reading gigabytes on every rank; arrays of at most 2^16 entries get the full checks.
 
 A problem is a string naming the field, the index and the value; `IndexCache` prefixes the file.
 On the building rank a problem means a rebuild; elsewhere a ``CacheError`` naming the file.
@@ -100,23 +100,54 @@ def _permutation_problem(field: str, array: npt.NDArray[Any], count: int) -> str
     return None
 
 
+def _thorough(array: npt.NDArray[Any], full: bool) -> bool:
+    """Whether the O(n log n) checks run: always at build/build-cache, on load for small arrays."""
+    return full or array.shape[0] <= _SAMPLE
+
+
 def gpt_checks(
-    document_ids: npt.NDArray[Any], document_sizes: npt.NDArray[Any], num_samples: int | None
+    document_ids: npt.NDArray[Any],
+    document_sizes: npt.NDArray[Any],
+    num_samples: int | None,
+    sequence_length: int | None = None,
 ) -> dict[str, ValuesCheck]:
     """The checks of a GPTDataset entry (document, sample and shuffle index).
+
+    Thorough checks (every value; on load only for arrays of at most 2^16 entries): each epoch
+    of the document index is a permutation of the split's documents; consecutive sample
+    boundaries are exactly ``sequence_length`` tokens apart (the last sample at most that);
+    the shuffle is a permutation of the samples.
 
     Args:
         document_ids: the split's document ids (``GPTDataset.indices``).
         document_sizes: the token count of every document of the low-level dataset.
         num_samples: the sample count the entry must hold, if known.
+        sequence_length: the tokens between consecutive sample boundaries, if known.
     """
     ids = np.asarray(document_ids)
     low, high = (int(ids.min()), int(ids.max())) if ids.shape[0] else (0, -1)
+    sorted_ids = np.sort(ids.astype(np.int64))
 
     def document(arrays: Mapping[str, npt.NDArray[Any]], full: bool) -> list[str]:
         if not ids.shape[0]:
             return []  # no split known (fast_cache_load): nothing to bound by
-        problem = _range_problem("document_index", arrays["document_index"], low, high, full)
+        documents = arrays["document_index"]
+        problem = _range_problem("document_index", documents, low, high, full)
+        if (
+            problem is None
+            and _thorough(documents, full)
+            and documents.shape[0] % ids.shape[0] == 0
+        ):
+            # every epoch holds each document once (megatron shuffles the epochs together)
+            epochs = documents.shape[0] // ids.shape[0]
+            found = np.sort(np.asarray(documents, dtype=np.int64))
+            wrong = found != np.repeat(sorted_ids, epochs)
+            if wrong.any():
+                problem = (
+                    f"document_index is not {epochs} epoch(s) of the split's {ids.shape[0]} "
+                    f"documents: document {int(found[int(np.argmax(wrong))])} appears too "
+                    "often, too rarely or is foreign"
+                )
         return [problem] if problem else []
 
     def sample(arrays: Mapping[str, npt.NDArray[Any]], full: bool) -> list[str]:
@@ -156,13 +187,31 @@ def gpt_checks(
                     f"past the end of document {int(ids_at[int(np.argmax(past))])} "
                     f"({int(sizes[int(np.argmax(past))])} tokens)"
                 ]
+            if sequence_length is not None and rows is None and bounds.shape[0] > 1:
+                # token position of every boundary: tokens of the documents before it + offset
+                ids_all = np.asarray(documents, dtype=np.int64)
+                if ((ids_all < 0) | (ids_all >= document_sizes.shape[0])).any():
+                    return []  # the document index check reports it
+                before = np.zeros(ids_all.shape[0] + 1, dtype=np.int64)
+                np.cumsum(np.asarray(document_sizes, dtype=np.int64)[ids_all], out=before[1:])
+                positions = before[position] + offset
+                gaps = np.diff(positions)
+                wrong = gaps != sequence_length
+                wrong[-1] = not 0 <= int(gaps[-1]) <= sequence_length
+                if wrong.any():
+                    at = int(np.argmax(wrong))
+                    return [
+                        f"sample_index[{at + 1}] = {bounds[at + 1].tolist()} is {int(gaps[at])} "
+                        f"tokens after sample_index[{at}] = {bounds[at].tolist()}, expected "
+                        f"{sequence_length}"
+                    ]
         return []
 
     def shuffle(arrays: Mapping[str, npt.NDArray[Any]], full: bool) -> list[str]:
         order = arrays["shuffle_index"]
         count = num_samples if num_samples is not None else arrays["sample_index"].shape[0] - 1
         problem = _range_problem("shuffle_index", order, 0, count - 1, full)
-        if problem is None and full:
+        if problem is None and _thorough(order, full):
             problem = _permutation_problem("shuffle_index", order, count)
         return [problem] if problem else []
 
@@ -226,7 +275,7 @@ def packing_checks(num_rows: int | None = None) -> dict[str, ValuesCheck]:
     def order(arrays: Mapping[str, npt.NDArray[Any]], full: bool) -> list[str]:
         rows = arrays["row_offsets"].shape[0] - 1 if num_rows is None else num_rows
         problem = _range_problem("row_order", arrays["row_order"], 0, rows - 1, full)
-        if problem is None and full:
+        if problem is None and _thorough(arrays["row_order"], full):
             problem = _permutation_problem("row_order", arrays["row_order"], rows)
         return [problem] if problem else []
 
