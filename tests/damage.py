@@ -114,12 +114,27 @@ def text_damage(text: bytes) -> Iterator[tuple[str, bytes]]:
             if substitute == match.group(0):
                 continue
             damaged = text[: match.start()] + substitute + text[match.end() :]
-            yield f"number {match.group(0).decode()} at byte {match.start()} -> {substitute.decode()}", damaged
+            yield (
+                f"number {match.group(0).decode()} at byte {match.start()} -> {substitute.decode()}",
+                damaged,
+            )
 
 
 # -- the runner --------------------------------------------------------------------------------
 
-CLEAN = (ValueError, IndexError, OverflowError, FileNotFoundError, TypeError, KeyError)
+
+def _clean() -> tuple[type[BaseException], ...]:
+    from tokenmill.errors import TokenmillError
+
+    return (
+        ValueError,
+        IndexError,
+        OverflowError,
+        FileNotFoundError,
+        TypeError,
+        KeyError,
+        TokenmillError,
+    )
 
 
 @dataclass
@@ -127,6 +142,8 @@ class Outcome:
     cases: int = 0
     errors: int = 0
     identical: int = 0
+    undetectable: int = 0
+    variants: int = 0
 
     def __post_init__(self) -> None:
         self.bad: list[str] = []
@@ -140,13 +157,19 @@ def judge(
     names: Sequence[str],
     fields: Sequence[str] = (),
     same: Callable[[Any, Any], bool] | None = None,
+    variant: Callable[[Any], bool] | None = None,
 ) -> None:
     """Run one damaged case: a clean error naming a file of `names` (and a field of `fields`),
-    or a result equal to `reference`; anything else is recorded as bad."""
+    or a result equal to `reference`; anything else is recorded as bad.
+
+    `variant`, for formats whose every value may legitimately differ (configs, manifests,
+    states, plans): an accepted result that `variant` confirms is itself valid (it survives a
+    round trip through the validating reader) is a *different valid input*, counted apart.
+    """
     outcome.cases += 1
     try:
         result = run()
-    except CLEAN as error:
+    except _clean() as error:
         message = str(error)
         if not any(name in message for name in names):
             outcome.bad.append(f"{label}: {type(error).__name__} names no file: {message[:300]}")
@@ -163,6 +186,8 @@ def judge(
     equal = same(result, reference) if same is not None else result == reference
     if equal:
         outcome.identical += 1
+    elif variant is not None and variant(result):
+        outcome.variants += 1
     else:
         outcome.bad.append(f"{label}: served output that differs from the undamaged file's")
 
@@ -180,6 +205,8 @@ def main(argv: Sequence[str]) -> int:
         "cases": outcome.cases,
         "errors": outcome.errors,
         "identical": outcome.identical,
+        "undetectable": outcome.undetectable,
+        "variants": outcome.variants,
         "bad": outcome.bad[:50],
         "bad_count": len(outcome.bad),
         "peak_rss_mib": peak_kib / 1024,

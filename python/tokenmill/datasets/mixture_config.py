@@ -65,16 +65,27 @@ def _where(origin: str | None, field_name: str) -> str:
     return f"{origin}: {field_name}" if origin else field_name
 
 
+MAX_COUNT = 1 << 53
+"""The largest token count, epoch count, token id or seed a config may give (9e15): anything
+larger is a typo or corruption, and would make planning or validation run without end."""
+
+
 def _integer(value: Any, field_name: str, origin: str | None, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         try:
             value = operator.index(value)
         except TypeError:
+            from tokenmill.common.config_text import shown
+
             raise MixtureConfigError(
-                f"{_where(origin, field_name)} must be an integer, got {value!r}"
+                f"{_where(origin, field_name)} must be an integer, got {shown(value)}"
             ) from None
     if value < minimum:
         raise MixtureConfigError(f"{_where(origin, field_name)} must be >= {minimum}, got {value}")
+    if value > MAX_COUNT:
+        raise MixtureConfigError(
+            f"{_where(origin, field_name)} must be <= 2**53 ({MAX_COUNT}), got {value}"
+        )
     return int(value)
 
 

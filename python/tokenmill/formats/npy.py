@@ -55,5 +55,8 @@ def load_npy(path: str | os.PathLike[str]) -> npt.NDArray[Any]:
         if close is not None:
             close()
         raise DataFormatError(f"{path}: not a .npy array file (got {type(array).__name__})")
+    from tokenmill.formats.validate import check_npy_extent
+
+    check_npy_extent(path, array)
     result: npt.NDArray[Any] = array
     return result

@@ -23,6 +23,7 @@ import numpy as np
 import numpy.typing as npt
 
 from tokenmill import _core
+from tokenmill.common.core_call import core_call
 from tokenmill.common.threads import default_scan_threads
 
 __all__ = ["count_token", "find_token_positions"]
@@ -58,7 +59,7 @@ def find_token_positions(
         TypeError: tokens is not an integer array.
     """
     threads = _threads(num_threads)
-    return _core.find_token_positions(_as_tokens(tokens), operator.index(token), threads)
+    return core_call(_core.find_token_positions, _as_tokens(tokens), operator.index(token), threads)
 
 
 def count_token(tokens: npt.ArrayLike, token: int, num_threads: int | None = None) -> int:
@@ -73,7 +74,7 @@ def count_token(tokens: npt.ArrayLike, token: int, num_threads: int | None = Non
         The count.
     """
     threads = _threads(num_threads)
-    return _core.count_token(_as_tokens(tokens), operator.index(token), threads)
+    return core_call(_core.count_token, _as_tokens(tokens), operator.index(token), threads)
 
 
 def _threads(num_threads: int | None) -> int:

@@ -25,6 +25,10 @@ reader, the cheap facts a shard can confirm: a non-empty shard that starts with 
 non-empty index starting at 0, the listed positions hold BOS (one gather), and no BOS follows the
 last listed one (a scan of the last document only: a truncated, "partial" index is caught).
 
+``.npy`` (:func:`check_npy_extent`): numpy accepts a header whose length field was changed, and
+a file longer than its shape needs, then serves the data from the wrong offset. The header must
+end with the newline numpy always writes, and header plus data must end exactly at the file size.
+
 Every error is a :class:`~tokenmill.errors.DataFormatError` naming the file, the field, the index
 and the value.
 """
@@ -38,7 +42,7 @@ import numpy.typing as npt
 
 from tokenmill.errors import DataFormatError
 
-__all__ = ["check_bos_index_consistency", "check_megatron_index"]
+__all__ = ["check_bos_index_consistency", "check_megatron_index", "check_npy_extent"]
 
 _CHUNK = 1 << 20
 
@@ -185,4 +189,36 @@ def check_bos_index_consistency(
             f"{path}: lists {positions.shape[0]} positions ending at {last}, but position "
             f"{last + 1 + int(later[0])} also holds the BOS token {bos_token} "
             f"({later.shape[0]} unlisted after the last entry); the index is truncated"
+        )
+
+
+def check_npy_extent(path: str, array: npt.NDArray[Any]) -> None:
+    """Check that a mapped ``.npy`` file is exactly its header plus its data.
+
+    Args:
+        path: the file, for messages.
+        array: what ``numpy.load(path, mmap_mode="r")`` returned (a memmap with ``offset``).
+
+    Raises:
+        DataFormatError: the header does not end with a newline where its length field says,
+            or the file is longer than header + data.
+    """
+    offset = getattr(array, "offset", None)
+    if offset is None:
+        return  # read, not mapped (tiny files): numpy checked the length itself
+    import os
+
+    size = os.path.getsize(path)
+    with open(path, "rb") as stream:
+        stream.seek(offset - 1)
+        last = stream.read(1)
+    if last != b"\n":
+        raise DataFormatError(
+            f"{path}: the .npy header (length field) ends at byte {offset} without the newline "
+            "numpy writes; the header length field is corrupt"
+        )
+    if offset + array.nbytes != size:
+        raise DataFormatError(
+            f"{path}: the .npy header says {array.nbytes} data bytes from byte {offset} (shape "
+            f"{tuple(array.shape)}, dtype {array.dtype}) but the file is {size} bytes"
         )

@@ -34,6 +34,7 @@ import numpy as np
 import numpy.typing as npt
 
 from tokenmill import _core
+from tokenmill.common.core_call import core_call
 
 __all__ = [
     "INT16_MAX_DATASETS",
@@ -109,7 +110,7 @@ def build_blending_indices(
         msg = f"size must be >= 0, got {count}"
         raise ValueError(msg)
     dataset_index, dataset_sample_index = _outputs(vector.size, count)
-    _core.build_blending_indices(vector, dataset_index, dataset_sample_index)
+    core_call(_core.build_blending_indices, vector, dataset_index, dataset_sample_index)
     return dataset_index, dataset_sample_index
 
 
@@ -144,5 +145,5 @@ def build_exhaustive_blending_indices(
         msg = f"sum(sizes) = {total} overflows int64"
         raise ValueError(msg)
     dataset_index, dataset_sample_index = _outputs(vector.size, total)
-    _core.build_exhaustive_blending_indices(vector, dataset_index, dataset_sample_index)
+    core_call(_core.build_exhaustive_blending_indices, vector, dataset_index, dataset_sample_index)
     return dataset_index, dataset_sample_index

@@ -197,7 +197,12 @@ def gpt_checks(
                 positions = before[position] + offset
                 gaps = np.diff(positions)
                 wrong = gaps != sequence_length
-                wrong[-1] = not 0 <= int(gaps[-1]) <= sequence_length
+                # a short last sample only where the epochs' tokens run out (drop_last False)
+                last_ok = int(gaps[-1]) == sequence_length or (
+                    0 <= int(gaps[-1]) < sequence_length
+                    and int(positions[-1]) >= int(before[-1]) - 1
+                )
+                wrong[-1] = not last_ok
                 if wrong.any():
                     at = int(np.argmax(wrong))
                     return [
@@ -259,21 +264,26 @@ def packing_checks(num_rows: int | None = None) -> dict[str, ValuesCheck]:
     def offsets(arrays: Mapping[str, npt.NDArray[Any]], full: bool) -> list[str]:
         row_offsets, entries = arrays["row_offsets"], arrays["entries"]
         if row_offsets.ndim != 1 or row_offsets.shape[0] == 0:
-            return []
+            return ["row_offsets is empty, expected at least [0]"] if row_offsets.ndim == 1 else []
         if int(row_offsets[0]) != 0 or int(row_offsets[-1]) != entries.shape[0]:
             return [
                 f"row_offsets must run from 0 to the {entries.shape[0]} entries, got "
                 f"row_offsets[0] = {int(row_offsets[0])}, row_offsets[-1] = {int(row_offsets[-1])}"
             ]
         values = np.asarray(row_offsets, dtype=np.int64)
-        backwards = values[1:] < values[:-1]
+        backwards = values[1:] <= values[:-1]  # a row holds at least one entry
         if backwards.any():
             at = int(np.argmax(backwards)) + 1
-            return [f"row_offsets[{at}] = {int(values[at])} is below row_offsets[{at - 1}]"]
+            return [
+                f"row_offsets[{at}] = {int(values[at])} is not above row_offsets[{at - 1}] = "
+                f"{int(values[at - 1])}; rows must be non-empty and in order"
+            ]
         return []
 
     def order(arrays: Mapping[str, npt.NDArray[Any]], full: bool) -> list[str]:
         rows = arrays["row_offsets"].shape[0] - 1 if num_rows is None else num_rows
+        if arrays["row_order"].shape[0] != rows:
+            return [f"row_order has {arrays['row_order'].shape[0]} entries, expected {rows} rows"]
         problem = _range_problem("row_order", arrays["row_order"], 0, rows - 1, full)
         if problem is None and _thorough(arrays["row_order"], full):
             problem = _permutation_problem("row_order", arrays["row_order"], rows)

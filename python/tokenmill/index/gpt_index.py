@@ -28,6 +28,7 @@ import numpy as np
 import numpy.typing as npt
 
 from tokenmill import _core
+from tokenmill.common.core_call import core_call
 from tokenmill.common.threads import default_build_threads
 
 __all__ = [
@@ -69,7 +70,7 @@ def as_sizes(sizes: npt.ArrayLike) -> npt.NDArray[np.int32]:
 
 def num_tokens_per_epoch(sizes: npt.ArrayLike, indices: npt.ArrayLike) -> int:
     """sum(sizes[indices]) without materialising sizes[indices]."""
-    return _core.sum_selected_lengths(as_sizes(sizes), as_document_ids(indices))
+    return core_call(_core.sum_selected_lengths, as_sizes(sizes), as_document_ids(indices))
 
 
 @dataclass(frozen=True)
@@ -235,7 +236,8 @@ def build_gpt_indices(
     document_index = np.empty(plan.document_index_shape, dtype=np.int32)
     sample_index = np.empty(plan.sample_index_shape, dtype=plan.sample_dtype)
     shuffle_index = np.empty(plan.shuffle_index_shape, dtype=plan.shuffle_dtype)
-    _core.build_gpt_indices(
+    core_call(
+        _core.build_gpt_indices,
         as_sizes(sizes),
         as_document_ids(indices),
         seed,

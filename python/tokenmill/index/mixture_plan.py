@@ -169,13 +169,20 @@ class MixturePlan:
     ) -> npt.NDArray[np.int32]:
         """Sources of chunks ``first .. first + count - 1`` of ``phase`` in a segment."""
         from tokenmill import _core
+        from tokenmill.common.core_call import core_call
 
         thresholds = self.thresholds(phase, excluded)
         if thresholds is None:
             raise ValueError(f"phase {self.phase_names[phase]!r} has no source left")
         out = np.empty(count, dtype=np.int32)
-        _core.draw_chunk_sources(
-            thresholds, (self.seed, phase), segment_start, len(excluded), first, out
+        core_call(
+            _core.draw_chunk_sources,
+            thresholds,
+            (self.seed, phase),
+            segment_start,
+            len(excluded),
+            first,
+            out,
         )
         return out
 

@@ -14,6 +14,7 @@ import numpy as np
 import numpy.typing as npt
 
 from tokenmill import _core
+from tokenmill.common.core_call import core_call
 
 __all__ = ["INSERTED_BOS", "PackingPlan", "plan_packing"]
 
@@ -54,7 +55,8 @@ def plan_packing(
     negative lengths (naming the value).
     """
     lengths_array = np.ascontiguousarray(lengths, dtype=np.int32)
-    entries, row_offsets, padding, inserted_bos = _core.plan_packing(
+    entries, row_offsets, padding, inserted_bos = core_call(
+        _core.plan_packing,
         lengths_array,
         sequence_length,
         overlap,

@@ -243,23 +243,26 @@ def _jsonable(value: Any) -> Any:
     return json.loads(json.dumps(value, default=lambda obj: obj.unique_identifiers))
 
 
+_SIMPLE_TYPES: dict[str, type] = {"int": int, "bool": bool, "float": float, "str": str}
+
+
 def _check_field_types(config_class: Any, values: Mapping[str, Any], where: str) -> None:
-    """ConfigTextError naming the field when a value's type differs from its field's default's
-    (int, bool, float, str; a float field takes an int): "12" is not coerced to 12."""
+    """ConfigTextError naming the field when a value's type differs from its field's annotation
+    (``int``, ``bool``, ``float``, ``str``, optionally ``| None``; a float field takes an int):
+    "12" is not coerced to 12. Fields with other annotations are left to the config class."""
     from tokenmill.common.config_text import typed
 
     for item in dataclasses.fields(config_class):
-        default = item.default
-        if item.name not in values or default is None or default is dataclasses.MISSING:
+        if item.name not in values:
             continue
-        if isinstance(default, bool):
-            typed(values, item.name, bool, where)
-        elif isinstance(default, int):
-            typed(values, item.name, int, where)
-        elif isinstance(default, float):
-            typed(values, item.name, float, where)
-        elif isinstance(default, str):
-            typed(values, item.name, str, where)
+        names = [part.strip() for part in str(item.type).split("|")]
+        optional = "None" in names
+        names = [name for name in names if name != "None"]
+        if not names or any(name not in _SIMPLE_TYPES for name in names):
+            continue
+        if optional and values[item.name] is None:
+            continue
+        typed(values, item.name, tuple(_SIMPLE_TYPES[name] for name in names), where)
 
 
 def load_run_config(path: str | os.PathLike[str]) -> RunConfig:
