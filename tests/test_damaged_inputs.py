@@ -508,3 +508,39 @@ def test_manifest_numbers_are_bounded_and_typed() -> None:
         )
         with pytest.raises(ValueError, match=r"m\.json: objects\[0\] \(a\): size"):
             Manifest.from_json(text, "m.json")
+
+
+# -- check before allocating or looping ----------------------------------------------------------
+
+
+def test_absurd_sizes_are_refused_before_allocation(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tokenmill.index.blending import build_blending_indices
+
+    monkeypatch.setenv("TOKENMILL_MEMORY_BUDGET", str(1 << 30))
+    with pytest.raises(MemoryError, match=r"blending indices of 1,000,000,000,000 samples needs"):
+        build_blending_indices([0.5, 0.5], 10**12)
+
+
+def test_absurd_token_budget_makes_validate_fail_fast(tmp_path: Path) -> None:
+    prefix = write_megatron_shard(tmp_path / "a", [[1, 2, 3], [4, 5]])
+    config = tmp_path / "m.toml"
+    config.write_text(
+        f'seed = 7\nchunk_tokens = 1\nexhaustion = "drop"\n[sources.a]\npaths = ["{prefix}"]\n'
+        '[[phases]]\nname = "p0"\ntokens = 9007199254740992\nweights = { a = 1.0 }\n'
+    )
+    result = subprocess.run(
+        [sys.executable, "-m", "tokenmill.cli.main", "validate", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 2
+    assert "raise chunk_tokens or lower the phases' tokens" in result.stderr
+    config.write_text(config.read_text().replace("9007199254740992", "9007199254740993"))
+    from tokenmill.datasets.mixture_config import MixtureConfig, MixtureConfigError
+
+    with pytest.raises(
+        MixtureConfigError, match=r"m\.toml: phases\.p0\.tokens must be <= 2\*\*53"
+    ):
+        MixtureConfig.from_file(config)

@@ -39,9 +39,10 @@ def one_line(text: object, limit: int = MAX_MESSAGE) -> str:
 def report_error(command: str, error: BaseException) -> int:
     """Print ``error`` as one line naming it and return the exit status."""
     if isinstance(error, KeyboardInterrupt):
+        resumes = "; finished parts are kept, rerun the same command to resume"
         sys.stderr.write(
-            f"tokenmill {command}: interrupted; finished parts are kept, rerun the same command "
-            "to resume\n"
+            f"tokenmill {command}: interrupted"
+            f"{resumes if command in ('tokenize', 'merge', 'download') else ''}\n"
         )
         return INTERRUPTED
     if isinstance(error, MemoryError):

@@ -66,11 +66,13 @@ def _where(origin: str | None, field_name: str) -> str:
 
 
 MAX_COUNT = 1 << 53
-"""The largest token count, epoch count, token id or seed a config may give (9e15): anything
+"""The largest token count, epoch count or token id a config may give (9e15; seeds go to 2^64): anything
 larger is a typo or corruption, and would make planning or validation run without end."""
 
 
-def _integer(value: Any, field_name: str, origin: str | None, minimum: int) -> int:
+def _integer(
+    value: Any, field_name: str, origin: str | None, minimum: int, maximum: int | None = MAX_COUNT
+) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         try:
             value = operator.index(value)
@@ -82,9 +84,9 @@ def _integer(value: Any, field_name: str, origin: str | None, minimum: int) -> i
             ) from None
     if value < minimum:
         raise MixtureConfigError(f"{_where(origin, field_name)} must be >= {minimum}, got {value}")
-    if value > MAX_COUNT:
+    if maximum is not None and value > maximum:
         raise MixtureConfigError(
-            f"{_where(origin, field_name)} must be <= 2**53 ({MAX_COUNT}), got {value}"
+            f"{_where(origin, field_name)} must be <= 2**53 ({maximum}), got {value}"
         )
     return int(value)
 
@@ -247,7 +249,7 @@ class MixtureConfig:
                         f"{_where(self.origin, f'phases.{phase.name}.weights.{name}')}: "
                         f"no source named {name!r} (sources: {', '.join(names)})"
                     )
-        object.__setattr__(self, "seed", _integer(self.seed, "seed", self.origin, 0))
+        object.__setattr__(self, "seed", _integer(self.seed, "seed", self.origin, 0, None))
         if self.seed >= 2**64:
             raise MixtureConfigError(
                 f"{_where(self.origin, 'seed')} must be < 2^64, got {self.seed}"

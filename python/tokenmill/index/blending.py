@@ -34,6 +34,7 @@ import numpy as np
 import numpy.typing as npt
 
 from tokenmill import _core
+from tokenmill.common.budget import check_allocation
 from tokenmill.common.core_call import core_call
 
 __all__ = [
@@ -76,6 +77,10 @@ def _outputs(num_datasets: int, size: int) -> tuple[np.ndarray, npt.NDArray[np.i
     if num_datasets > np.iinfo(np.int32).max:
         msg = f"at most {np.iinfo(np.int32).max} datasets can be blended, got {num_datasets}"
         raise ValueError(msg)
+    check_allocation(
+        size * (np.dtype(dataset_index_dtype(num_datasets)).itemsize + 8),
+        f"the blending indices of {size:,} samples",
+    )
     dataset_index = np.empty(size, dtype=dataset_index_dtype(num_datasets))
     dataset_sample_index = np.empty(size, dtype=np.int64)
     return dataset_index, dataset_sample_index

@@ -28,6 +28,7 @@ import numpy as np
 import numpy.typing as npt
 
 from tokenmill import _core
+from tokenmill.common.budget import check_allocation
 from tokenmill.common.core_call import core_call
 from tokenmill.common.threads import default_build_threads
 
@@ -233,6 +234,14 @@ def build_gpt_indices(
             np.zeros((1, 2), dtype=plan.sample_dtype),
             np.empty(0, dtype=plan.shuffle_dtype),
         )
+    sample_bytes = np.dtype(plan.sample_dtype).itemsize * 2 * (plan.num_samples + 1)
+    check_allocation(
+        4 * plan.num_documents * plan.num_epochs
+        + sample_bytes
+        + np.dtype(plan.shuffle_dtype).itemsize * plan.num_samples,
+        f"the GPT index arrays ({plan.num_samples:,} samples, {plan.num_epochs:,} epochs of "
+        f"{plan.num_documents:,} documents)",
+    )
     document_index = np.empty(plan.document_index_shape, dtype=np.int32)
     sample_index = np.empty(plan.sample_index_shape, dtype=plan.sample_dtype)
     shuffle_index = np.empty(plan.shuffle_index_shape, dtype=plan.shuffle_dtype)

@@ -219,6 +219,16 @@ class MixturePlan:
         """
         demand = np.zeros((len(self.phase_names), len(self.source_names)), dtype=np.int64)
         position = cursor.position
+        chunks = -(-max(self.total_tokens - position, 0) // self.chunk_tokens) + len(
+            self.phase_names
+        )
+        if chunks > MAX_DEMAND_CHUNKS:
+            # config-driven work: refuse it up front instead of running for hours without output
+            raise ValueError(
+                f"planning the demand of {self.total_tokens - position:,} tokens in chunks of "
+                f"{self.chunk_tokens:,} draws {chunks:,} chunks, more than {MAX_DEMAND_CHUNKS:,} "
+                "(minutes of work); raise chunk_tokens or lower the phases' tokens"
+            )
         nothing: frozenset[int] = frozenset()
         while position < self.total_tokens:
             phase, chunk, _, end = self.chunk_bounds(position, cursor.segment_start)
@@ -246,6 +256,10 @@ class MixturePlan:
                 demand[phase, last] += tail
             position = phase_end
         return demand
+
+
+MAX_DEMAND_CHUNKS = 1 << 31
+"""The most chunks :meth:`MixturePlan.demand` draws (about 3 minutes at 0.1 µs each)."""
 
 
 class MixtureCursor:
