@@ -192,6 +192,18 @@ def judge(
         outcome.bad.append(f"{label}: served output that differs from the undamaged file's")
 
 
+def _peak_rss_kib() -> int:
+    """This process image's peak RSS: VmHWM (ru_maxrss keeps the forking parent's peak across
+    exec on Linux, so a large pytest parent would count)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+
 def main(argv: Sequence[str]) -> int:
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import damage_cases
@@ -199,7 +211,7 @@ def main(argv: Sequence[str]) -> int:
     kind, workdir = argv
     outcome = Outcome()
     damage_cases.CASES[kind](Path(workdir), outcome)
-    peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    peak_kib = _peak_rss_kib()
     report = {
         "kind": kind,
         "cases": outcome.cases,

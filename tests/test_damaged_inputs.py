@@ -73,10 +73,10 @@ def test_every_megatron_reader_refuses_overlapping_pointers(tmp_path: Path) -> N
 
     prefix = write_megatron_shard(tmp_path / "shard", [[1, 2, 3], [4, 5], [6, 7, 8, 9]])
     data = bytearray(Path(prefix + ".idx").read_bytes())
-    struct.pack_into("<q", data, 34 + 4 * 3 + 8 * 2, 4)  # sequence 2 overlaps sequence 1
+    struct.pack_into("<q", data, 34 + 4 * 3 + 8 * 1, 4)  # sequence 1 overlaps sequence 0
     Path(prefix + ".idx").write_bytes(bytes(data))
     for reader in (IndexedDataset, MegatronModule):
-        with pytest.raises(DataFormatError, match=r"shard\.idx: sequence_pointers\[2\] = 4"):
+        with pytest.raises(DataFormatError, match=r"shard\.idx: sequence_pointers\[1\] = 4"):
             reader(prefix)
     assert main(["inspect", prefix]) == 1  # inspect reports it instead of "all checks passed"
     assert (

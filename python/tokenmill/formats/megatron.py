@@ -197,9 +197,9 @@ class IndexedDataset:
         descriptor = _open_bin(bin_path)
         try:
             self._bin_size = os.fstat(descriptor).st_size
+            self._check_bin_size(f"{bin_path}: data file", self.index.idx_path)
             if not fast_cache_load:
                 self.index.validate(self._bin_size, bin_path)
-            self._check_bin_size(f"{bin_path}: data file", self.index.idx_path)
             if mmap:
                 if self._bin_size:
                     mapping = mmap_module.mmap(descriptor, 0, access=mmap_module.ACCESS_READ)
@@ -245,11 +245,11 @@ class IndexedDataset:
         bin_path = get_bin_path(prefix)
         reader = S3BinReader(bin_path, config, client)
         self._bin_size = reader.size
-        if not self.fast_cache_load:
-            self.index.validate(self._bin_size, bin_path)
         self._check_bin_size(
             f"{bin_path}: data object", f"{local_idx} (from {get_idx_path(prefix)})"
         )
+        if not self.fast_cache_load:
+            self.index.validate(self._bin_size, bin_path)
         self.bin_reader = reader
 
     def _check_bin_size(self, data: str, index: str) -> None:

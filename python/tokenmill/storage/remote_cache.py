@@ -78,13 +78,18 @@ def _entry_objects(location: str, base: str) -> list[ManifestObject]:
 
     wanted = f"{base}-"
     if location.endswith(".json"):
+        from tokenmill.storage.download import check_source
+
         manifest, where = _manifest(location)
+        # a cache manifest sits in a bucket others may write to: its objects must lie under it
         return [
             ManifestObject(
                 item.key.rsplit("/", 1)[-1],
                 item.size,
                 item.sha256,
-                item.url or join_location(where, item.key),
+                check_source(
+                    item.url or join_location(where, item.key), where, (), False, item.key
+                ),
                 item.mtime_ns,
             )
             for item in manifest.objects
@@ -121,5 +126,8 @@ def fetch_cache_entry(location: str, base: str) -> str:
     with _locked(os.path.join(local, f".{base}.fetch.lock")):
         objects = _entry_objects(location, base)
         if objects:
-            download(Manifest(tuple(objects)), local)
+            # checked against the manifest's location by _entry_objects; local paths are then
+            # confined to the directory of a local manifest
+            where = _manifest(location)[1] if location.endswith(".json") else ""
+            download(Manifest(tuple(objects)), local, base=where or None)
     return local
