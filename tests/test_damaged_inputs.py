@@ -540,7 +540,5 @@ def test_absurd_token_budget_makes_validate_fail_fast(tmp_path: Path) -> None:
     config.write_text(config.read_text().replace("9007199254740992", "9007199254740993"))
     from tokenmill.datasets.mixture_config import MixtureConfig, MixtureConfigError
 
-    with pytest.raises(
-        MixtureConfigError, match=r"m\.toml: phases\.p0\.tokens must be <= 2\*\*53"
-    ):
+    with pytest.raises(MixtureConfigError, match=r"m\.toml: phases\.p0\.tokens must be <= 2\*\*53"):
         MixtureConfig.from_file(config)
