@@ -218,7 +218,9 @@ def test_mistyped_build_cache_field_is_one_line_naming_it(
 # -- CLI errors ----------------------------------------------------------------------------------
 
 
-def test_cli_errors_are_one_line_and_debug_shows_the_traceback(tmp_path: Path) -> None:
+def test_cli_errors_are_one_line_and_debug_shows_the_traceback(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     (tmp_path / "dir.bin").mkdir()  # a directory where a file belongs
     command = [sys.executable, "-m", "tokenmill.cli.main"]
     quiet = subprocess.run(
@@ -230,8 +232,27 @@ def test_cli_errors_are_one_line_and_debug_shows_the_traceback(tmp_path: Path) -
     )
     assert quiet.returncode != 0
     assert "Traceback" not in quiet.stderr and quiet.stderr.count("\n") == 1, quiet.stderr
+    from tokenmill.cli import inspect_cmd
     from tokenmill.cli._errors import one_line, report_error
+    from tokenmill.cli.main import main
 
+    def unexpected(args: object) -> int:
+        raise RuntimeError("boom\nsecond line " + "v" * 5000)
+
+    original = inspect_cmd.run
+    inspect_cmd.run = unexpected  # type: ignore[assignment]
+    try:
+        assert main(["inspect", "x"]) == 1
+        with pytest.raises(RuntimeError, match="boom"):
+            main(["--debug", "inspect", "x"])
+    finally:
+        inspect_cmd.run = original  # type: ignore[assignment]
+
+    err = capsys.readouterr().err
+    assert (
+        err.count("\n") == 1 and "tokenmill inspect: error: RuntimeError: boom second line" in err
+    )
+    assert len(err) < 2100 and "--debug" in err
     assert report_error("x", KeyboardInterrupt()) == 130
     assert len(one_line("v" * 10**6)) <= 2000
 
