@@ -6,6 +6,8 @@ builder calls :func:`check_allocation` with the bytes it is about to allocate: m
 memory available (``MemAvailable`` of ``/proc/meminfo``, else physical memory, plus the swap
 free) raises a MemoryError naming what was to be allocated, its size and the limit, before any
 allocation. ``TOKENMILL_MEMORY_BUDGET`` (bytes) overrides the limit (tests, shared machines).
+
+Why not ``psutil``: it is not a dependency, and one read of ``/proc/meminfo`` is all this needs.
 """
 
 from __future__ import annotations

@@ -15,6 +15,9 @@ RecursionError inside the parser. So every config is read by :func:`parse_config
 Field access (:func:`typed`): a value of the wrong type is an error naming the file and the field
 ("a string where an int belongs"), never a coercion or a traceback; bools are not integers.
 Messages format values with a length cap (:func:`shown`).
+
+Why our own: PyYAML (the YAML dependency tokenmill already has) offers no alias or depth limit,
+and the expanded-size walk must apply to JSON and TOML configs too.
 """
 
 from __future__ import annotations

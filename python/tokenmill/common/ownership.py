@@ -17,6 +17,10 @@ Workers (:func:`die_with_parent`): a worker process asks the kernel for SIGKILL 
 dies (``prctl(PR_SET_PDEATHSIG)`` through ctypes, Linux), and a daemon thread also watches the
 parent pid once a second (any POSIX, and the case where the kernel's "parent" is a fork server
 rather than the job), so no worker outlives a killed job.
+
+Why not ``filelock`` or ``fcntl.flock``: a lock carries no identity to put in the error ("pid P,
+host H"), and ``flock`` is not reliable on the network filesystems outputs often live on, while
+``O_EXCL`` creation is; the takeover rule (dead pid on this host only) needs the record anyway.
 """
 
 from __future__ import annotations
