@@ -107,6 +107,24 @@ def test_partial_bos_index_is_refused(tmp_path: Path) -> None:
         check_bos_positions("x.bos.idx", tokens, np.array([], dtype=np.int64), 1)
 
 
+def test_inspect_and_convert_refuse_a_partial_bos_index(tmp_path: Path) -> None:
+    from tokenmill.cli.main import main
+    from tokenmill.errors import DataFormatError
+    from tokenmill.formats.bos_index import write_bos_index
+    from tokenmill.formats.nanogpt import write_nanogpt_shard
+    from tokenmill.formats.sources import open_source
+
+    tokens = np.array([1, 4, 1, 5, 6, 1, 7], dtype=np.uint16)
+    write_nanogpt_shard(tmp_path / "s.bin", tokens)
+    write_bos_index(tmp_path / "s.bos.idx", [0, 2], token_count=7)  # the BOS at 5 is missing
+    with pytest.raises(DataFormatError, match=r"s\.bos\.idx: .*truncated"):
+        open_source(str(tmp_path / "s.bin"))
+    assert main(["inspect", str(tmp_path / "s.bin")]) == 1
+    out = tmp_path / "out"
+    assert main(["convert", str(tmp_path / "s.bin"), str(out), "--to", "megatron"]) == 1
+    assert not list(tmp_path.glob("out*"))
+
+
 def test_cache_with_impossible_values_fails_build_cache_check(tmp_path: Path) -> None:
     """Right dtype and shape, impossible values: `build-cache --check` names the file and field."""
     from tokenmill.cli.main import main

@@ -92,6 +92,7 @@ def _nanogpt(path: str) -> Shard:
     if os.path.exists(sidecar):
         index = read_bos_index(sidecar, len(shard))
         positions = index.positions
+        _check_against_shard(sidecar, shard.tokens, positions, index.bos_token)
         info["bos_index"] = {"path": sidecar, "layout": "int64" if index.wide else "int32"}
         if index.bos_token is not None:
             info["bos_index"]["bos_token"] = index.bos_token
@@ -99,6 +100,22 @@ def _nanogpt(path: str) -> Shard:
     return Shard(
         stem, path, shard.tokens, None, positions, sidecar if positions is not None else None, info
     )
+
+
+def _check_against_shard(
+    sidecar: str, tokens: npt.NDArray[Any], positions: npt.NDArray[Any], bos: int | None
+) -> None:
+    """The .bos.idx against its shard (`tokenmill.formats.validate`), when the BOS id is known:
+    recorded in the int64 header, or the one token every listed position holds. An index whose
+    positions hold several ids is left to ``inspect``'s checks, which report it."""
+    if bos is None and positions.shape[0]:
+        held = tokens[positions]
+        if bool((held == held[0]).all()):
+            bos = int(held[0])
+    if bos is not None:
+        from tokenmill.formats.validate import check_bos_index_consistency
+
+        check_bos_index_consistency(sidecar, tokens, positions, bos)
 
 
 def _array(path: str, dtype: npt.DTypeLike | None) -> Shard:
@@ -109,7 +126,9 @@ def _array(path: str, dtype: npt.DTypeLike | None) -> Shard:
     shard = Shard(Path(path).stem, path, tokens)
     sidecar = bos_index_path(path)
     if os.path.exists(sidecar):  # written by `tokenmill convert --to npy` from a nanogpt source
-        shard.bos_positions = read_bos_index(sidecar, int(tokens.shape[0])).positions
+        index = read_bos_index(sidecar, int(tokens.shape[0]))
+        _check_against_shard(sidecar, tokens, index.positions, index.bos_token)
+        shard.bos_positions = index.positions
         shard.bos_index_path = sidecar
     return shard
 
