@@ -104,13 +104,14 @@ class SourceData:
         """(document order, cumulative token ends in that order) of one epoch."""
         if epoch not in self._epochs:
             from tokenmill import _core
+            from tokenmill.common.core_call import core_call
 
             # int32 when it fits: the permutation is the same (it depends only on the count)
             wide = self.documents > np.iinfo(np.int32).max
             order: npt.NDArray[np.integer] = np.arange(
                 self.documents, dtype=np.int64 if wide else np.int32
             )
-            _core.shuffle_like_numpy(order, self.epoch_seed(epoch))
+            core_call(_core.shuffle_like_numpy, order, self.epoch_seed(epoch))
             ends = np.cumsum(self.lengths[order])
             if len(self._epochs) >= 2:
                 self._epochs.pop(min(self._epochs))

@@ -40,6 +40,7 @@ import numpy.typing as npt
 
 from tokenmill import _core
 from tokenmill.common import distributed
+from tokenmill.common.core_call import core_call
 from tokenmill.common.threads import default_build_threads
 from tokenmill.errors import DataFormatError
 from tokenmill.index.cache import ArraySpec, IndexCache
@@ -138,7 +139,7 @@ class PackingConfig:
 
 def _seeded_permutation(count: int, seed: int) -> npt.NDArray[np.int64]:
     order = np.arange(count, dtype=np.int64)
-    _core.shuffle_like_numpy(order, seed)
+    core_call(_core.shuffle_like_numpy, order, seed)
     return order
 
 
@@ -403,7 +404,8 @@ class PackedDataset:
             outputs = allocate(server.fields, int(indices.shape[0]), pin_memory=False)
         config = self.config
         pointers, lengths, tokens = native
-        _core.gather_packed_rows(
+        core_call(
+            _core.gather_packed_rows,
             np.ascontiguousarray(self.entries),
             np.ascontiguousarray(self.row_offsets),
             np.ascontiguousarray(self.row_order[indices], dtype=np.int64),

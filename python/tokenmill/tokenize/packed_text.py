@@ -27,6 +27,7 @@ import numpy
 import numpy.typing as npt
 
 from tokenmill import _core
+from tokenmill.common.core_call import core_call
 from tokenmill.tokenize.readers import Chunk, ReadOptions, parse_chunk
 
 __all__ = ["SEPARATOR", "PackedText", "pack_chunk", "pack_texts"]
@@ -94,7 +95,7 @@ def _parquet_strings(chunk: Chunk, options: ReadOptions) -> PackedText | None:
         column.offset : column.offset + count + 1
     ].astype(numpy.int64)
     data = numpy.frombuffer(data_buffer, dtype=numpy.uint8) if data_buffer is not None else b""
-    return _packed(_core.pack_documents(data, offsets))
+    return _packed(core_call(_core.pack_documents, data, offsets))
 
 
 def _large_string() -> Any:
@@ -111,12 +112,12 @@ def pack_chunk(chunk: Chunk, options: ReadOptions) -> PackedText:
     """
     packed: PackedText | None = None
     if chunk.kind == "jsonl":
-        packed = _packed(_core.pack_jsonl_field(chunk.data, options.json_key))
+        packed = _packed(core_call(_core.pack_jsonl_field, chunk.data, options.json_key))
     elif chunk.kind == "lines":
-        packed = _packed(_core.pack_lines(chunk.data))
+        packed = _packed(core_call(_core.pack_lines, chunk.data))
     elif chunk.kind == "text":
         bounds = numpy.array([0, len(chunk.data)], dtype=numpy.int64)
-        packed = _packed(_core.pack_documents(chunk.data, bounds))
+        packed = _packed(core_call(_core.pack_documents, chunk.data, bounds))
     elif chunk.kind == "parquet":
         packed = _parquet_strings(chunk, options)
     if packed is None:  # the Python reader raises the error, or reads what the packer did not

@@ -27,6 +27,7 @@ import numpy
 import numpy.typing as npt
 
 from tokenmill import _core
+from tokenmill.common.core_call import core_call
 
 __all__ = ["UNICODE_17_RANGES", "documents_with_new_code_points", "texts_with_new_code_points"]
 
@@ -96,7 +97,7 @@ def documents_with_new_code_points(
         data: packed documents (``tokenmill.tokenize.packed_text.PackedText.data``).
         ends: each document's end in ``data`` (``PackedText.ends()``).
     """
-    positions = _core.find_code_points(data, _RANGES)
+    positions = core_call(_core.find_code_points, data, _RANGES)
     if positions.shape[0] == 0:
         return positions
     return numpy.unique(numpy.searchsorted(ends, positions, side="right"))
