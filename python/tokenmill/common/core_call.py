@@ -50,15 +50,15 @@ def _describe(value: Any) -> str:
     return f"{type(value).__name__} {text if len(text) <= 60 else text[:57] + '...'}"
 
 
-def core_call(function: Callable[..., R], *args: Any) -> R:
-    """``function(*args)``; pybind's "incompatible function arguments" becomes a TypeError naming
-    the first argument that does not fit the signature.
+def core_call(function: Callable[..., R], *args: Any, **kwargs: Any) -> R:
+    """``function(*args, **kwargs)``; pybind's "incompatible function arguments" becomes a
+    TypeError naming the first argument that does not fit the signature.
 
     Raises:
         TypeError: naming the function, the argument and what was passed.
     """
     try:
-        return function(*args)
+        return function(*args, **kwargs)
     except TypeError as error:
         message = str(error)
         if "incompatible function arguments" not in message:
@@ -68,17 +68,25 @@ def core_call(function: Callable[..., R], *args: Any) -> R:
         if found is None:
             raise TypeError(f"{name}: incompatible arguments ({len(args)} given)") from None
         parameters = [p.strip() for p in re.split(r",\s*(?![^\[]*\])", found.group(1))]
-        required = [p for p in parameters if "=" not in p]
-        if len(args) < len(required) or len(args) > len(parameters):
-            raise TypeError(
-                f"{name}: takes {len(required)} to {len(parameters)} arguments, got {len(args)}"
-            ) from None
-        for value, parameter in zip(args, parameters):
+        annotations = {}
+        for parameter in parameters:
             argument, _, annotation = parameter.partition(":")
-            annotation = annotation.split("=")[0].strip()
-            if not _fits(value, annotation):
+            annotations[argument.strip()] = annotation.split("=")[0].strip()
+        names = list(annotations)
+        required = [p for p in parameters if "=" not in p]
+        given = len(args) + len(kwargs)
+        unknown = [key for key in kwargs if key not in annotations]
+        if unknown:
+            raise TypeError(f"{name}: no argument named {unknown[0]!r}") from None
+        if given < len(required) or len(args) > len(parameters):
+            raise TypeError(
+                f"{name}: takes {len(required)} to {len(parameters)} arguments, got {given}"
+            ) from None
+        passed = [*zip(names, args), *kwargs.items()]
+        for argument, value in passed:
+            if not _fits(value, annotations[argument]):
                 raise TypeError(
-                    f"{name}: argument {argument.strip()!r} must be {annotation}, got "
+                    f"{name}: argument {argument!r} must be {annotations[argument]}, got "
                     f"{_describe(value)}"
                 ) from None
         raise TypeError(f"{name}: incompatible arguments: {message[:300]}") from None
