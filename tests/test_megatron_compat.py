@@ -1,5 +1,5 @@
 """tokenmill.megatron against megatron-core 0.19.2: names, signatures, helpers, subclass hooks,
-accepted inputs, and each deliberate difference (the README's table) shown to be the only one.
+accepted inputs, and each deliberate difference (the table in docs/megatron.md) shown to be the only one.
 
 Everything here runs in this process next to megatron-core, without `patch_megatron()` (which is
 process-global; test_megatron_patch.py runs megatron's own code on tokenmill in subprocesses).
@@ -53,7 +53,7 @@ FOREIGN = {
     "maybe_msc": "megatron.core.msc_utils: msc:// is not supported",
 }
 
-# The documented differences of signature, each with its reason (README, "Switch an existing
+# The documented differences of signature, each with its reason (docs/megatron.md, "Switch an existing
 # Megatron-LM run"). "missing" means the attribute may be absent; "differs" that its signature
 # may differ in the way the reason says.
 ALLOWED: dict[str, tuple[str, str]] = {
@@ -849,7 +849,7 @@ def test_loss_mask_leak_is_not_reproduced(tmp_path: Path) -> None:
     leaked = [
         i for i in range(len(ours)) if not torch.equal(leaky[i]["loss_mask"], ours[i]["loss_mask"])
     ]
-    assert leaked, "megatron-core 0.19's cached loss mask no longer leaks: update the README"
+    assert leaked, "megatron-core 0.19's cached loss mask no longer leaks: update docs/megatron.md"
     clean = theirs(cache=False)
     clean[first]
     for idx in range(len(ours)):

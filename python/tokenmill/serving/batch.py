@@ -127,8 +127,10 @@ def _collate_rows(batch: Any, *, collate_fn_map: Any = None) -> Any:
 def collate(batch: Any) -> Any:
     """A DataLoader `collate_fn` that passes a :class:`SampleBatch` through as its tensors.
 
-    Anything else (a list of samples from a dataset without `__getitems__`) goes to torch's
-    `default_collate`, so the function is safe to use with any map-style dataset.
+    A mapping is already a batch (PackedDataset's `__getitems__` returns a dict of batched
+    tensors) and is returned as it is. Anything else (a list of samples from a dataset without
+    `__getitems__`) goes to torch's `default_collate`, so the function is safe to use with any
+    map-style dataset.
 
     Args:
         batch: what the DataLoader fetched.
@@ -138,6 +140,8 @@ def collate(batch: Any) -> Any:
     """
     if isinstance(batch, SampleBatch):
         return batch.collated()
+    if isinstance(batch, Mapping):
+        return batch
     from torch.utils.data import default_collate
 
     return default_collate(batch)
