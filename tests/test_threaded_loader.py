@@ -188,3 +188,22 @@ def test_make_data_loader_with_thread_workers(dataset: GPTDataset) -> None:
     assert_batches_equal(list(loader), list(make_data_loader(dataset, 5)))
     with pytest.raises(ValueError, match="worker_type"):
         make_data_loader(dataset, 5, worker_type="fiber")
+
+
+def test_packed_dataset_batches_through_the_thread_loader(tmp_path: Path) -> None:
+    # PackedDataset.__getitems__ returns a dict of batched tensors: the loaders pass it through
+    # (it once went to default_collate, which cannot collate a dict of batches).
+    from tokenmill.datasets.packed import PackedDataset, PackingConfig
+
+    prefix = write_megatron_shard(
+        tmp_path / "packed", random_documents(np.random.default_rng(3), 60, max_length=40)
+    )
+    packed = PackedDataset(IndexedDataset(prefix), PackingConfig(sequence_length=16))
+    for workers in (0, 2):
+        loader = ThreadedBatchLoader(packed, 4, num_workers=workers, drop_last=True)
+        batches = list(loader)
+        assert len(batches) == len(packed) // 4
+        for number, batch in enumerate(batches):
+            for key, value in batch.items():
+                expected = torch.stack([packed[4 * number + row][key] for row in range(4)])
+                assert torch.equal(value, expected), (workers, number, key)
