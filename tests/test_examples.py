@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 
@@ -30,3 +32,63 @@ def test_train_tiny_gpt_resumes_on_another_topology_with_an_identical_loss_curve
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "all 24 losses identical to the uninterrupted run" in result.stdout
+
+
+def run_example(*args: str) -> str:
+    result = subprocess.run(
+        [sys.executable, "-W", "ignore", *args], capture_output=True, text=True, timeout=900
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    return result.stdout
+
+
+@pytest.mark.megatron
+def test_megatron_switch_serves_megatron_cores_batches_through_megatrons_loader() -> None:
+    pytest.importorskip("megatron.core")
+    output = run_example(
+        str(EXAMPLES / "megatron_switch.py"),
+        "--tokens",
+        "300000",
+        "--batches",
+        "6",
+        "--workers",
+        "1",
+        "--batch-size",
+        "4",
+        "--sequence-length",
+        "256",
+    )
+    assert "all 24 samples identical to megatron-core's" in output
+    assert "tokenmill.datasets.gpt" in output and "megatron.core.datasets.gpt_dataset" in output
+
+
+def test_mixture_curriculum_resumes_on_another_topology_with_the_same_stream() -> None:
+    pytest.importorskip("torchdata")
+    output = run_example(
+        str(EXAMPLES / "mixture_curriculum.py"),
+        "--main-tokens",
+        "60000",
+        "--anneal-tokens",
+        "30000",
+        "--stop-at",
+        "6",
+        "--documents",
+        "300",
+    )
+    assert "equals the uninterrupted stream token for token" in output
+    assert "main: prose" in output and "anneal: prose" in output
+
+
+def test_stream_from_s3_trains_on_batches_equal_to_the_local_read() -> None:
+    pytest.importorskip("moto")
+    pytest.importorskip("boto3")
+    output = run_example(
+        str(EXAMPLES / "stream_from_s3.py"),
+        "--steps",
+        "4",
+        "--documents",
+        "150",
+        "--sequence-length",
+        "64",
+    )
+    assert "every batch identical to the same samples read from a local copy" in output
