@@ -329,19 +329,21 @@ def test_pooled_buffers_are_never_reused_while_referenced(tmp_path: Path, shard:
     assert torch.equal(view, keep)
     a, b = dataset.get_batch([0, 1]), dataset.get_batch([2, 3])
     assert a["tokens"].data_ptr() != b["tokens"].data_ptr()
-    # A set handed out is lent until released, even while nothing references its arrays yet
-    # (another loader thread may be between `buffers` and `tensors`).
+    # A set handed out is owned by its arrays: never lent again while one of them (or a tensor
+    # or view made from it) is alive, returned as soon as all are freed.
     server = dataset._serving()
     assert server is not None
     del a, b
     lent = server.buffers(2)
     other = server.buffers(2)
-    assert lent["tokens"] is not other["tokens"]
-    server.pool.release(lent)
-    server.pool.release(other)
-    taken = server.buffers(2)
-    assert taken["tokens"] is lent["tokens"] or taken["tokens"] is other["tokens"]
-    server.pool.release(taken)
+    assert lent["tokens"].ctypes.data != other["tokens"].ctypes.data
+    address = lent["tokens"].ctypes.data
+    tensor_view = torch.from_numpy(lent["tokens"])[1:]
+    del lent
+    assert server.buffers(2)["tokens"].ctypes.data != address  # the view still holds it
+    del tensor_view
+    reused = [server.buffers(2)["tokens"].ctypes.data for _ in range(3)]
+    assert address in reused
 
 
 def test_pickled_dataset_serves_the_same_batches(tmp_path: Path, shard: str) -> None:

@@ -1,6 +1,9 @@
 """Atomic file writing shared by every layer (format writers, caches, manifests, sidecars): a
 hidden temporary file beside the target, renamed into place on success and removed on failure, so
-a reader never sees a partial file.
+a reader never sees a partial file, and durable: the file is fsynced before the rename and its
+directory after it, so a committed name survives a lost machine (power, kernel panic), not only
+a killed process. ``TOKENMILL_FSYNC=0`` turns the two fsyncs off (scratch disks, benchmarks; the
+cost is measured in benchmarks/bench_durability.py).
 
 Why not a library: the well-known one (``atomicwrites``) is archived, and the writers here need
 the open binary stream (formats stream gigabytes into it) and an explicit commit/abort, which
@@ -14,14 +17,82 @@ import os
 import tempfile
 from typing import BinaryIO, TypeVar
 
-__all__ = ["AtomicFile", "AtomicWriter", "atomic_write_text", "default_file_mode"]
+__all__ = [
+    "AtomicFile",
+    "AtomicWriter",
+    "atomic_write_text",
+    "default_file_mode",
+    "durable_replace",
+    "fsync_directory",
+    "fsync_enabled",
+]
+
+
+def _read_umask() -> int:
+    """The process umask, read without changing it where the kernel allows.
+
+    Linux >= 4.7 reports it in /proc/self/status. Elsewhere the only way is to set it and set it
+    back (``os.umask``), which is done once, at import, instead of on every file: two threads
+    doing that at once could leave the whole process with umask 0.
+    """
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except OSError:
+        pass
+    umask = os.umask(0o022)
+    os.umask(umask)
+    return umask
+
+
+_UMASK = _read_umask()
 
 
 def default_file_mode() -> int:
-    """0o666 minus the process umask (what ``open(..., "w")`` would give)."""
-    umask = os.umask(0)
-    os.umask(umask)
-    return 0o666 & ~umask
+    """0o666 minus the process umask at import (what ``open(..., "w")`` would give)."""
+    return 0o666 & ~_UMASK
+
+
+def fsync_enabled() -> bool:
+    """Whether commits fsync (``TOKENMILL_FSYNC`` unset or not "0")."""
+    return os.environ.get("TOKENMILL_FSYNC", "1") != "0"
+
+
+def fsync_directory(directory: str | os.PathLike[str]) -> None:
+    """Make a rename or creation in `directory` durable (a no-op where directories cannot be
+    opened, e.g. on Windows)."""
+    try:
+        descriptor = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except OSError:
+        return
+    try:
+        os.fsync(descriptor)
+    except OSError as error:
+        # some filesystems refuse fsync on a directory (EINVAL); the data itself is synced
+        if error.errno not in (errno.EINVAL, errno.EBADF):
+            raise
+    finally:
+        os.close(descriptor)
+
+
+def durable_replace(source: str, target: str, *, sync_source: bool = True) -> None:
+    """``os.replace(source, target)``, with the data fsynced first and the directory after.
+
+    For writers that stream into their own temporary file (format builders, downloads).
+    """
+    if fsync_enabled():
+        if sync_source:
+            descriptor = os.open(source, os.O_RDONLY)
+            try:
+                os.fsync(descriptor)
+            finally:
+                os.close(descriptor)
+        os.replace(source, target)
+        fsync_directory(os.path.dirname(os.path.abspath(target)))
+    else:
+        os.replace(source, target)
 
 
 class AtomicFile:
@@ -49,12 +120,18 @@ class AtomicFile:
         self._done = False
 
     def commit(self) -> None:
-        """Flush, close and rename the temporary file to its final name."""
+        """Flush, fsync, close and rename the temporary file to its final name (then fsync the
+        directory)."""
         if self._done:
             return
         self.stream.flush()
+        durable = fsync_enabled()
+        if durable:
+            os.fsync(self.stream.fileno())
         self.stream.close()
         os.replace(self.temporary_path, self.path)
+        if durable:
+            fsync_directory(os.path.dirname(os.path.abspath(self.path)))
         self._done = True
 
     def abort(self) -> None:

@@ -27,7 +27,7 @@ from typing import Any
 import numpy
 import numpy.typing as npt
 
-from tokenmill.common.atomic import default_file_mode
+from tokenmill.common.atomic import default_file_mode, durable_replace
 from tokenmill.errors import DataFormatError
 from tokenmill.formats.megatron_index import (
     INDEX_COUNTS,
@@ -506,8 +506,8 @@ class IndexedDatasetBuilder:
             # the new .bin: remove it, then rename the .bin, then the .idx. A crash in between
             # leaves a prefix without .idx (FileNotFoundError), never a mismatched pair.
             _remove_quietly(idx_path)
-            os.replace(self._temporary_bin_path, self.bin_path)
-            os.replace(temporary, idx_path)
+            durable_replace(self._temporary_bin_path, self.bin_path)
+            durable_replace(temporary, idx_path)
         except BaseException:
             _remove_quietly(temporary)
             _remove_quietly(self._temporary_bin_path)

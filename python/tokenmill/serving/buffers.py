@@ -3,32 +3,34 @@
 A batched gather writes straight into the arrays its tensors will wrap (`torch.from_numpy`, no
 copy), so the arrays belong to the batch until its consumer lets go. Three owners:
 
-* the main process, not pinned: a :class:`BufferPool` of recently used sets per batch size. A
+* the main process, not pinned: a :class:`BufferPool` of recently used memory per batch size. A
   fresh multi-MB allocation costs its page faults on every batch (more than the gather at
-  S=2048); a pooled set is reused once nothing but the pool references its arrays;
+  S=2048), so memory is reused, but only once it is provably free;
 * a DataLoader worker process: `tokenmill.serving.shared` carves every array from one
   shared-memory block, sent to the main process as one segment and reused once it is done;
 * pinned (page-locked) memory: :func:`allocate` asks torch for it, fresh per batch (torch's
   caching host allocator recycles it).
 
-The pool's reuse rule lives in one method, :meth:`BufferPool._unreferenced`: a CPython reference
-count test (every tensor, view or shared-memory copy of an array adds a reference). It is the
-seam where an explicit release (the consumer returning the batch) can replace the heuristic.
+The pool's rule is ownership, not reference counting: the pool keeps only the *backing* memory of
+a free set. A loan hands out new array objects that view it, each with a ``weakref.finalize``;
+the memory returns to the free list when the last of them is freed. Every tensor made from them
+(``torch.from_numpy``), every slice or view of such a tensor and every ``tensor.numpy()`` keeps
+its array object alive through the tensor's storage, so memory a live tensor can reach is never
+lent again, whatever the interpreter's reference counts look like (CPython 3.14's borrowed
+references and free-threaded builds report different counts; the earlier ``sys.getrefcount``
+rule depended on them).
 """
 
 from __future__ import annotations
 
-import sys
 import threading
-from typing import TYPE_CHECKING, Any
+import weakref
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 from tokenmill.serving.layout import Field
-
-if TYPE_CHECKING:
-    pass
 
 __all__ = ["BufferPool", "Buffers", "allocate"]
 
@@ -36,51 +38,82 @@ Buffers = dict[str, npt.NDArray[Any]]
 
 
 class BufferPool:
-    """Recently used batch buffers, reused once only the pool still references them.
+    """Recently used batch memory, lent as fresh arrays and returned when they are freed.
 
-    Thread-safe: a set handed out by `take` is lent (never handed out again) until `release`,
-    which the caller runs once its tensors reference the arrays (or the fill failed), so two
-    loader threads never fill the same buffers.
+    Thread-safe. A set handed out by :meth:`lend` is never handed out again while any of its
+    arrays (or a tensor or view made from one) is alive; the finalizers that return it may run on
+    any thread (wherever the last reference is dropped), so the free lists are guarded by a lock
+    that a finalizer may take while the same thread is inside :meth:`lend` (an RLock).
     """
 
-    # A few sets per batch size: the batch being consumed, the ones being prefetched, spares.
+    # A few free sets per batch size: the batch being consumed, the ones being prefetched, spares.
     _PER_SIZE = 6
 
     def __init__(self) -> None:
-        self._sets: dict[int, list[Buffers]] = {}
-        self._lent: set[int] = set()
-        self._lock = threading.Lock()
+        self._free: dict[tuple[int, tuple[Field, ...]], list[Buffers]] = {}
+        self._loans: set[_Loan] = set()  # lent sets, kept alive until returned
+        self._lock = threading.RLock()
+        self.allocations = 0  # sets allocated (not reused): for tests and benchmarks
 
-    @staticmethod
-    def _unreferenced(buffers: Buffers) -> bool:
-        """Whether nothing outside the pool references any array of `buffers`."""
-        # 3 = the pool's dict + the loop variable `values` + getrefcount's argument; any tensor
-        # (torch.from_numpy) or view of the array adds to this.
-        return all(sys.getrefcount(values) <= 3 for values in buffers.values())
-
-    def take(self, count: int) -> Buffers | None:
-        """A free set for `count` samples, lent to the caller, or None."""
+    def lend(self, fields: tuple[Field, ...], count: int) -> Buffers:
+        """Uninitialised `[count, *shape]` arrays of `fields`, reusing free memory if any."""
+        key = (count, fields)
         with self._lock:
-            for buffers in self._sets.get(count, ()):
-                if id(buffers) in self._lent:
-                    continue
-                if self._unreferenced(buffers):
-                    self._lent.add(id(buffers))
-                    return buffers
-            return None
+            free = self._free.get(key)
+            backing = free.pop() if free else None
+        if backing is None:
+            backing = {field.key: np.empty((count, *field.shape), field.dtype) for field in fields}
+            self.allocations += 1
+        # New array objects over the backing memory: these (not the backing) are what tensors
+        # made from the batch keep alive.
+        buffers: Buffers = {key_: array.view() for key_, array in backing.items()}
+        _Loan(self, key, backing, buffers)
+        return buffers
 
-    def add(self, count: int, buffers: Buffers) -> None:
-        """Keeps a new set (lent to the caller, like `take`'s) if there is room."""
+    def _give_back(self, loan: _Loan) -> None:
         with self._lock:
-            sets = self._sets.setdefault(count, [])
-            if len(sets) < self._PER_SIZE:
-                sets.append(buffers)
-                self._lent.add(id(buffers))
+            self._loans.discard(loan)
+            free = self._free.setdefault(loan.key, [])
+            if len(free) < self._PER_SIZE:
+                free.append(loan.backing)
 
-    def release(self, buffers: Buffers) -> None:
-        """Ends the loan of `buffers` (a no-op for buffers the pool does not hold)."""
+    def free_sets(self, count: int) -> int:
+        """Free sets held for batches of `count` samples (all layouts)."""
         with self._lock:
-            self._lent.discard(id(buffers))
+            return sum(len(sets) for (size, _), sets in self._free.items() if size == count)
+
+
+class _Loan:
+    """One lent set: its backing returns to the pool when every lent array has been freed.
+
+    Weak references with callbacks (cheaper than ``weakref.finalize``, which also registers an
+    exit hook); the pool holds the loan, and the loan its weak references, until it is returned.
+    """
+
+    __slots__ = ("__weakref__", "backing", "key", "lock", "pool", "refs", "remaining")
+
+    def __init__(
+        self,
+        pool: BufferPool,
+        key: tuple[int, tuple[Field, ...]],
+        backing: Buffers,
+        lent: Buffers,
+    ) -> None:
+        self.pool = pool
+        self.key = key
+        self.backing = backing
+        self.remaining = len(lent)
+        self.lock = threading.Lock()
+        with pool._lock:
+            pool._loans.add(self)
+        self.refs = [weakref.ref(array, self._returned_one) for array in lent.values()]
+
+    def _returned_one(self, _ref: object) -> None:
+        with self.lock:
+            self.remaining -= 1
+            done = self.remaining == 0
+        if done:
+            self.pool._give_back(self)
 
 
 def allocate(

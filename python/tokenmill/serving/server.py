@@ -95,18 +95,14 @@ class BatchServer:
         return bool(worker)
 
     def buffers(self, count: int, *, pin_memory: bool = False) -> Buffers:
-        """Uninitialised `[count, ...]` arrays of every field, lent to the caller until
-        `pool.release` (a no-op for arrays that are not pooled)."""
+        """Uninitialised `[count, ...]` arrays of every field, owned by the caller (and then by
+        the tensors made from them) until they are freed."""
         if not pin_memory and self.in_worker():
             if self.shared is None:
                 self.shared = SharedBlockPool(self.fields, self.torch)
             return self.shared.take(count)
         if not pin_memory:
-            buffers = self.pool.take(count)
-            if buffers is None:
-                buffers = allocate(self.fields, count, pin_memory=False)
-                self.pool.add(count, buffers)
-            return buffers
+            return self.pool.lend(self.fields, count)
         return allocate(self.fields, count, pin_memory=True, torch=self.torch)
 
     def gather_threads(self, samples: int, buffers: Buffers) -> int:
@@ -149,10 +145,7 @@ class BatchServer:
             The batch dict of `layout.collate`.
         """
         buffers = self.buffers(count, pin_memory=pin_memory)
-        try:
-            for dataset, indices, rows in parts:
-                threads_for_part = self.gather_threads(int(indices.shape[0]), buffers)
-                dataset.fill_batch(indices, rows, buffers, num_threads=threads_for_part)
-            return self.tensors(buffers, padding)
-        finally:
-            self.pool.release(buffers)
+        for dataset, indices, rows in parts:
+            threads_for_part = self.gather_threads(int(indices.shape[0]), buffers)
+            dataset.fill_batch(indices, rows, buffers, num_threads=threads_for_part)
+        return self.tensors(buffers, padding)

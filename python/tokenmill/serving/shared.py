@@ -18,8 +18,8 @@ the 2-core dev VM, against 0.15 ms for the C++ gather itself (benchmarks/SERVING
   tensor of the batch and every view of one: the receiver builds each tensor with
   `torch.from_numpy` over its own numpy array, whose lifetime is exactly that of the tensor's
   storage (views share it), and a `weakref.finalize` on the last of those arrays writes FREE into
-  the header. The worker takes a block again only when its header says FREE and nothing in the
-  worker references its arrays either.
+  the header. The worker takes a block again only when its header says FREE and no array it handed out
+  in this process (a new array object per take, counted by weak reference callbacks) is alive.
 
 Ordering: the receiver's last reads of a batch happen before its tensors' storages are released
 (torch's reference counts are atomic read-modify-writes with acquire-release order) and the FREE
@@ -38,7 +38,6 @@ arrives as torch's cached mapping: no new map and no page faults per batch.
 
 from __future__ import annotations
 
-import sys
 import threading
 import weakref
 from collections import OrderedDict
@@ -82,6 +81,9 @@ class SharedBlock:
         arrays: the field arrays the gather fills (numpy views of the block).
         count: samples per batch.
         lent_at: the pool's take counter when the block was last lent (-1: not lent).
+        local_outstanding: arrays handed out in this process by the last `take` that are still
+            alive (each `take` hands out new array objects over `arrays`; a weak reference
+            callback counts each one's end, so no reference count is consulted).
     """
 
     block: torch.Tensor
@@ -89,14 +91,26 @@ class SharedBlock:
     arrays: dict[str, npt.NDArray[Any]]
     count: int
     lent_at: int = -1
-    baseline: dict[str, int] = field(default_factory=dict)
+    local_outstanding: int = 0
+    _refs: list[Any] = field(default_factory=list)
+    _lock: Any = field(default_factory=threading.Lock)
 
     def locally_unreferenced(self) -> bool:
-        """Whether no tensor or view in this process uses the field arrays (a tensor made with
-        `torch.from_numpy` holds a reference to its array until its storage is freed)."""
-        return all(
-            sys.getrefcount(array) <= self.baseline[key] for key, array in self.arrays.items()
-        )
+        """Whether no tensor or view in this process uses the arrays of the last `take` (a
+        tensor made with `torch.from_numpy` keeps its array alive until its storage is freed)."""
+        return self.local_outstanding == 0
+
+    def lend_locally(self) -> dict[str, npt.NDArray[Any]]:
+        """New array objects over the field arrays, counted until each is freed."""
+        views = {key: array.view() for key, array in self.arrays.items()}
+        with self._lock:
+            self.local_outstanding = len(views)
+        self._refs = [weakref.ref(view, self._local_end) for view in views.values()]
+        return views
+
+    def _local_end(self, _ref: object) -> None:
+        with self._lock:
+            self.local_outstanding -= 1
 
 
 class BlockBuffers(dict[str, npt.NDArray[Any]]):
@@ -147,7 +161,7 @@ class SharedBlockPool:
                 chosen = self._allocate(count)
                 if len(blocks) < self.PER_SIZE:
                     blocks.append(chosen)
-        buffers = BlockBuffers(chosen.arrays)
+        buffers = BlockBuffers(chosen.lend_locally())
         buffers.block = chosen
         return buffers
 
@@ -174,10 +188,7 @@ class SharedBlockPool:
             shape = (count, *spec.shape)
             size = int(np.prod(shape, dtype=np.int64)) * spec.dtype.itemsize
             arrays[spec.key] = raw[offset : offset + size].view(spec.dtype).reshape(shape)
-        shared = SharedBlock(block, header, arrays, count)
-        # references the pool itself holds: the dict, getrefcount's argument, the loop
-        shared.baseline = {key: sys.getrefcount(array) for key, array in arrays.items()}
-        return shared
+        return SharedBlock(block, header, arrays, count)
 
 
 class SharedBatch(dict[str, Any]):

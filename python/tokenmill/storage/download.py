@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tokenmill.common.atomic import atomic_write_text
+from tokenmill.common.atomic import atomic_write_text, durable_replace
 from tokenmill.errors import ChecksumError, ObjectStorageError
 from tokenmill.storage.manifest import (
     Manifest,
@@ -386,7 +386,7 @@ class DownloadJob:
             # a partial file from an earlier run may belong to another version: start over once
         if item.mtime_ns is not None:
             os.utime(partial, ns=(item.mtime_ns, item.mtime_ns))
-        os.replace(partial, final)
+        durable_replace(partial, final)
         self._state.record(item.key, final, item.sha256)
         with self._lock:
             self.report.fetched.append(item.key)

@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy
 
+from tokenmill.common.atomic import durable_replace
 from tokenmill.common.ownership import own_output
 from tokenmill.common.progress import Progress
 from tokenmill.errors import DataFormatError
@@ -234,8 +235,8 @@ def _merge_owned(
     os.makedirs(os.path.dirname(output_prefix) or ".", exist_ok=True)
     if move_single and len(prefixes) == 1:
         # .bin first: until the .idx follows, the output has no index a reader could pair
-        os.replace(get_bin_path(prefixes[0]), get_bin_path(output_prefix))
-        os.replace(get_idx_path(prefixes[0]), get_idx_path(output_prefix))
+        durable_replace(get_bin_path(prefixes[0]), get_bin_path(output_prefix))
+        durable_replace(get_idx_path(prefixes[0]), get_idx_path(output_prefix))
     else:
         builder = IndexedDatasetBuilder(get_bin_path(output_prefix), dtype=dtype)
         sizes = [os.path.getsize(get_bin_path(prefix)) for prefix in prefixes]
