@@ -73,7 +73,10 @@ class FaultProxy:
 
     ``fail(n)`` answers the next n requests with 503 SlowDown, ``delay(n, seconds)`` holds the
     next n requests before forwarding them (longer than the client's read timeout: a timeout),
-    ``drop(n)`` closes the connection without an answer.
+    ``drop(n)`` closes the connection without an answer, ``hang(n)`` (and ``hang_when``, for
+    the requests a predicate picks) answers nothing until the client gives up and closes the
+    connection: a read timeout decided by the client's clock alone, not by a race between two
+    timers on a loaded machine.
     """
 
     def __init__(self, upstream_port: int) -> None:
@@ -82,6 +85,8 @@ class FaultProxy:
         self.lock = threading.Lock()
         self.requests = 0
         self.faults = 0
+        self.hang_predicate: Any = None
+        self._closing = threading.Event()
         proxy = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -92,6 +97,13 @@ class FaultProxy:
                 with proxy.lock:
                     proxy.requests += 1
                     action = proxy.plan.popleft() if proxy.plan else ("forward", 0.0)
+                    predicate = proxy.hang_predicate
+                    if (
+                        action[0] == "forward"
+                        and predicate is not None
+                        and predicate(self.command, self.path, self.headers)
+                    ):
+                        action = ("hang", 0.0)
                     if action[0] != "forward":
                         proxy.faults += 1
                 kind, seconds = action
@@ -113,7 +125,23 @@ class FaultProxy:
                     return
                 if kind == "delay":
                     time.sleep(seconds)
+                if kind == "hang":
+                    self._hang()
+                    return
                 self._forward()
+
+            def _hang(self) -> None:
+                # until the client closes its end (recv gives b"") or the proxy closes
+                self.close_connection = True
+                self.connection.settimeout(0.05)
+                while not proxy._closing.is_set():
+                    try:
+                        if not self.connection.recv(1, socket.MSG_PEEK):
+                            return
+                    except TimeoutError:
+                        continue
+                    except OSError:
+                        return
 
             def _forward(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
@@ -175,7 +203,17 @@ class FaultProxy:
         with self.lock:
             self.plan.extend([("drop", 0.0)] * count)
 
+    def hang(self, count: int) -> None:
+        with self.lock:
+            self.plan.extend([("hang", 0.0)] * count)
+
+    def hang_when(self, predicate: Any) -> None:
+        """Hang every request for which ``predicate(command, path, headers)`` is true."""
+        with self.lock:
+            self.hang_predicate = predicate
+
     def close(self) -> None:
+        self._closing.set()
         self._server.shutdown()
         self._server.server_close()
         self._thread.join()

@@ -76,6 +76,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         delay = state.slow.get(name, 0.0)
+        hold = state.hold_after.get(name)
         step = 16 << 10
         try:
             for offset in range(0, len(body), step):
@@ -83,6 +84,10 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 if delay:
                     self.wfile.flush()
                     time.sleep(delay)
+                if hold is not None and offset + step >= hold[0]:
+                    self.wfile.flush()
+                    hold[1].wait(60)  # stop mid-object until the test lets go
+                    hold = None
         except (BrokenPipeError, ConnectionResetError):
             pass
 
@@ -98,6 +103,8 @@ class _Server(http.server.ThreadingHTTPServer):
         self.failures: dict[str, int] = {}
         self.gates: dict[str, threading.Event] = {}
         self.slow: dict[str, float] = {}
+        # name -> (bytes, event): after sending that many bytes of the object, wait for the event
+        self.hold_after: dict[str, tuple[int, threading.Event]] = {}
 
     @property
     def url(self) -> str:
@@ -312,7 +319,9 @@ def test_download_killed_midway_resumes(tmp_path: Path, http_root: _Server) -> N
         write_megatron_shard(data / f"shard{i}", random_documents(rng, 400, 300)) for i in range(3)
     ]
     publish(prefixes, str(http_root.root), policy=FAST)
-    http_root.slow["shard1.bin"] = 0.1  # 16 KiB per 100 ms: the kill lands inside this object
+    # the server stops after 32 KiB of shard1.bin until released: the kill lands inside it
+    release = threading.Event()
+    http_root.hold_after["shard1.bin"] = (32 << 10, release)
     local = tmp_path / "local"
     process = subprocess.Popen(
         [
@@ -333,10 +342,11 @@ def test_download_killed_midway_resumes(tmp_path: Path, http_root: _Server) -> N
         time.sleep(0.01)
     process.send_signal(signal.SIGKILL)
     process.wait()
+    release.set()
+    http_root.hold_after.clear()
     assert (local / "shard0.bin").exists() and (local / "shard0.idx").exists()
     assert not (local / "shard1.bin").exists()
     have = partial.stat().st_size
-    http_root.slow.clear()
     with http_root.lock:
         http_root.log.clear()
     result = download(f"{http_root.url}/manifest.json", str(local), policy=FAST)
@@ -618,7 +628,15 @@ def test_s3_download_killed_midway_resumes(tmp_path: Path, s3_bucket: Any) -> No
     publish([*prefixes, str(big)], s3_bucket.url("k"), policy=TransferPolicy(part_bytes=5 << 20))
     upstream = int(s3_bucket.service.endpoint.rsplit(":", 1)[1])
     proxy = FaultProxy(upstream)
-    proxy.delay(10_000, 0.1)  # every request through the proxy waits 100 ms
+
+    def after_first_part(command: str, path: str, headers: Any) -> bool:
+        # every GET of zbig.bin past its first MiB hangs: the kill lands inside that object
+        byte_range = headers.get("Range") or ""
+        if "zbig.bin" not in path or not byte_range.startswith("bytes="):
+            return False
+        return int(byte_range.removeprefix("bytes=").split("-")[0]) >= 1 << 20
+
+    proxy.hang_when(after_first_part)
     local = tmp_path / "local"
     try:
         process = subprocess.Popen(

@@ -298,6 +298,87 @@ def cache_entry(data: bytes) -> bool:
     return True
 
 
+# -- packing plan: the cached rows of a PackedDataset and the C++ packed gather --------------------
+
+
+def _packing_fixture() -> dict[str, Any]:
+    """A tiny shard and a PackedDataset whose plan is cached, built once per work directory."""
+    if "packing" in _state:
+        fixture: dict[str, Any] = _state["packing"]
+        return fixture
+    from tokenmill.datasets.packed import PackedDataset, PackingConfig
+    from tokenmill.formats.megatron import IndexedDatasetBuilder
+
+    directory = Path(tempfile.mkdtemp(prefix="packing-", dir=_workdir()))
+    prefix = str(directory / "corpus")
+    rng = np.random.default_rng(1)
+    builder = IndexedDatasetBuilder(prefix + ".bin", dtype=np.uint16)
+    for _ in range(20):
+        length = int(rng.integers(1, 40))
+        builder.add_document(rng.integers(1, 50, length), [length])
+    builder.finalize(prefix + ".idx")
+    config = PackingConfig(
+        sequence_length=16, max_documents_per_row=4, window_overlap=2,
+        path_to_cache=str(directory / "cache"),
+    )  # fmt: skip
+    dataset = PackedDataset(IndexedDataset(prefix), config)
+    cache = IndexCache.create(
+        config.path_to_cache, dataset.unique_description_hash, "PackedDataset", "plan",
+        dataset.unique_description, ("entries", "row_offsets", "row_order"),
+    )  # fmt: skip
+    fixture = {
+        "dataset": dataset,
+        "cache": cache,
+        "files": {name: cache.array_path(name).read_bytes() for name in cache.array_names},
+    }
+    _state["packing"] = fixture
+    return fixture
+
+
+def packing_plan(data: bytes) -> bool:
+    """A cached packing plan with one fuzzed array (`entries`, `row_offsets`, `row_order`): a
+    non-building rank's load (the specs and value checks PackedDataset uses) refuses it with
+    CacheError or DataFormatError, or the plan it accepts serves every row, one by one (Python)
+    and batched (the C++ packed gather), or raises IndexError / DataFormatError (never reads out
+    of bounds)."""
+    from tokenmill.index.cache import ArraySpec
+    from tokenmill.index.cache_checks import packing_checks
+
+    fixture = _packing_fixture()
+    cache: IndexCache = fixture["cache"]
+    selector, body = _split(data)
+    names = cache.array_names
+    target = names[selector % len(names)]
+    for name in names:
+        path = cache.array_path(name)
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+        path.write_bytes(body if name == target else fixture["files"][name])
+    int64 = (np.dtype(np.int64),)
+    checks = packing_checks()
+    specs = {
+        "entries": ArraySpec(int64, ndim=2),
+        "row_offsets": ArraySpec(int64, ndim=1, values=checks["row_offsets"]),
+        "row_order": ArraySpec(int64, ndim=1, values=checks["row_order"]),
+    }
+    try:
+        arrays, _ = cache.load_or_build(_never_build, specs, may_build=False, data_check="off")
+    except (CacheError, DataFormatError):
+        return False
+    dataset = fixture["dataset"]
+    dataset.entries = arrays["entries"]
+    dataset.row_offsets = arrays["row_offsets"]
+    dataset.row_order = arrays["row_order"]
+    count = min(len(dataset), 8)
+    for row in range(count):
+        with contextlib.suppress(IndexError, CacheError, DataFormatError):
+            dataset[row]
+    if count:
+        with contextlib.suppress(IndexError, CacheError, DataFormatError):
+            dataset.__getitems__(list(range(count)))
+    return True
+
+
 def _never_build() -> dict[str, Any]:
     raise AssertionError("a non-building rank must not build")
 
@@ -378,6 +459,7 @@ HARNESSES: dict[str, Callable[[bytes], bool]] = {
     "bos_idx": bos_idx,
     "npy_tokens": npy_tokens,
     "cache_entry": cache_entry,
+    "packing_plan": packing_plan,
     "tokenizer_fingerprint": tokenizer_fingerprint,
     "data_fingerprint": data_fingerprint_sidecar,
 }
@@ -390,6 +472,7 @@ ALLOWED: dict[str, tuple[type[BaseException], ...]] = {
     "bos_idx": (DataFormatError,),
     "npy_tokens": (DataFormatError,),
     "cache_entry": (CacheError, IndexError, DataFormatError),
+    "packing_plan": (CacheError, IndexError, DataFormatError),
     "tokenizer_fingerprint": (DataFormatError,),
     "data_fingerprint": (DataFormatError,),
     "mixture_config": (ValueError,),  # MixtureConfigError (a TokenmillError and ValueError)
@@ -490,6 +573,12 @@ def _mixture_seeds() -> list[bytes]:
     return [b"\x00" + toml, b"\x01" + yaml]
 
 
+def _packing_seeds() -> list[bytes]:
+    fixture = _packing_fixture()
+    names = fixture["cache"].array_names
+    return [bytes([number]) + fixture["files"][name] for number, name in enumerate(names)]
+
+
 def seeds(name: str) -> list[bytes]:
     """Valid inputs of harness `name` (its seed corpus), written by tokenmill's own writers."""
     makers: dict[str, Callable[[], list[Any]]] = {
@@ -498,6 +587,7 @@ def seeds(name: str) -> list[bytes]:
         "bos_idx": _bos_seeds,
         "npy_tokens": _npy_seeds,
         "cache_entry": _cache_seeds,
+        "packing_plan": _packing_seeds,
         "tokenizer_fingerprint": _tokenizer_seeds,
         "data_fingerprint": _fingerprint_seeds,
         "mixture_config": _mixture_seeds,

@@ -105,6 +105,9 @@ gigatoken's uint32 ids (4 bytes per 2.5-4 text bytes), the shaped tokens and num
 
 # Test hook: seconds to sleep after each chunk is written, so a test can SIGKILL a run mid-way.
 _DELAY_VARIABLE = "TOKENMILL_TEST_DELAY_AFTER_CHUNK"
+# Test hook: after this many parts are finished, the parent stops (until killed), so a kill test
+# lands between two known events instead of racing a timer.
+_PAUSE_VARIABLE = "TOKENMILL_TEST_PAUSE_AFTER_PARTS"
 
 
 def resolve_rank(rank: int | None, world_size: int | None) -> tuple[int, int]:
@@ -575,6 +578,7 @@ def _write_parts(
         The parts written and the totals (documents, tokens, text bytes, Unicode-17 documents).
     """
     delay = float(os.environ.get(_DELAY_VARIABLE, "0") or 0)
+    pause_after = int(os.environ.get(_PAUSE_VARIABLE, "0") or 0)
     executor: Any
     encoder = None
     if config.workers == 0 or tokenizer.backend == "gigatoken":
@@ -613,6 +617,8 @@ def _write_parts(
             writers[index] = _PartWriter(run.part(index), run.options.dtype)
         if future is None:  # the input is done
             written.append(writers.pop(index).finish(run, identities[index]))
+            while pause_after and len(written) >= pause_after:
+                time.sleep(3600)  # the test hook: wait to be killed
             return
         sizes.pop(id(future), None)
         encoded = future.result()
