@@ -39,6 +39,11 @@ and EOD are added) into sequences of at most ``window`` tokens, consecutive ones
 
 Cost: tokenization dominates (5-30 MB/s per core, see benchmarks/TOKENIZE.md); the parent only
 decompresses, cuts chunks at newlines and writes, which is two orders of magnitude cheaper.
+
+Size: about 650 lines, kept together on purpose: the run plan (``_Run``), the chunk scheduler
+(``_write_parts``), the part writer and the assembly share the run's identity and the resume
+rule (what makes a part reusable), and reading them side by side is how that rule is checked.
+The pieces with no such coupling live beside it (readers, encode, merge, nanogpt_output).
 """
 
 from __future__ import annotations
@@ -52,7 +57,7 @@ import os
 import shutil
 import time
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -73,6 +78,7 @@ from tokenmill.tokenize.encode import (
     process_context,
     window_bounds,
 )
+from tokenmill.tokenize.nanogpt_output import write_nanogpt_output
 from tokenmill.tokenize.progress import Progress
 from tokenmill.tokenize.readers import (
     GIGATOKEN_CHUNK_BYTES,
@@ -293,57 +299,6 @@ def _check_output_format(output_format: str) -> None:
         raise ValueError(
             f"output_format must be one of {', '.join(OUTPUT_FORMATS)}, got {output_format!r}"
         )
-
-
-def write_nanogpt_output(
-    megatron_prefixes: str | Sequence[str], output_prefix: str, bos_id: int
-) -> list[str]:
-    """modded-nanogpt shard(s) `<output_prefix>.bin` (+ `.bos.idx`) from Megatron datasets.
-
-    Streams the tokens of each dataset in order (constant memory, no merged copy first) into
-    NanogptShardWriter, which records the BOS positions for the `.bos.idx` sidecar; data beyond
-    one shard's 2^31 - 1 tokens goes to `<output_prefix>_000000.bin`, `_000001.bin`, ...
-
-    Returns:
-        The shard paths written.
-    """
-    from tokenmill.formats.megatron import IndexedDataset
-    from tokenmill.formats.nanogpt import MAX_TOKENS, NanogptShardWriter
-
-    prefixes = [megatron_prefixes] if isinstance(megatron_prefixes, str) else megatron_prefixes
-    datasets = [IndexedDataset(prefix) for prefix in prefixes]
-    arrays = [
-        dataset._tokens if dataset._tokens is not None else numpy.zeros(0, dataset.dtype)
-        for dataset in datasets  # an empty .bin is not mapped
-    ]
-    count = sum(int(array.shape[0]) for array in arrays)
-    widest = max((array.dtype.itemsize for array in arrays), default=2)
-    dtype = numpy.dtype(numpy.uint16) if widest <= 2 else numpy.dtype(numpy.uint32)
-    shards = max(1, -(-count // MAX_TOKENS))
-    paths = []
-    pieces = iter(
-        (array, start, min(int(array.shape[0]), start + (1 << 24)))
-        for array in arrays
-        for start in range(0, int(array.shape[0]), 1 << 24)
-    )
-    pending: tuple[Any, int, int] | None = next(pieces, None)
-    for number in range(shards):
-        path = output_prefix + (".bin" if shards == 1 else f"_{number:06d}.bin")
-        writer = NanogptShardWriter(path, dtype, bos_token=bos_id)
-        room = MAX_TOKENS
-        try:
-            while pending is not None and room > 0:
-                array, start, stop = pending
-                take = min(stop - start, room)
-                writer.write(array[start : start + take])
-                room -= take
-                pending = (array, start + take, stop) if start + take < stop else next(pieces, None)
-            writer.finalize()
-        except BaseException:
-            writer.abort()
-            raise
-        paths.append(path)
-    return paths
 
 
 def _tokenize_to_object_storage(config: TokenizeConfig) -> TokenizeResult:
