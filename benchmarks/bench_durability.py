@@ -66,7 +66,11 @@ def main() -> None:
     parser.add_argument("--shards", type=int, default=20)
     parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
+    from evidence import Evidence
+
+    evidence = Evidence("durability")
     directory = args.directory or tempfile.gettempdir()
+    summary: dict[str, dict[str, float]] = {}
     print(f"writing in {directory} ({os.statvfs(directory).f_bsize}-byte blocks)")
     for kind, count in (("entries", args.entries), ("shards", args.shards)):
         best = {True: float("inf"), False: float("inf")}
@@ -82,6 +86,8 @@ def main() -> None:
             f"{what}: fsync {best[True]:.3f} s, no fsync {best[False]:.3f} s, "
             f"{best[True] / best[False]:.2f}x"
         )
+        summary[what] = {"fsync_s": best[True], "no_fsync_s": best[False]}
+    evidence.write(runs=[], summary=summary, directory=directory)
 
 
 if __name__ == "__main__":

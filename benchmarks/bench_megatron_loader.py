@@ -167,6 +167,9 @@ def main(argv: list[str] | None = None) -> int:
         child(args)
         return 0
 
+    from evidence import Evidence
+
+    evidence = Evidence("megatron_loader")
     args.workdir = args.workdir or tempfile.mkdtemp(prefix="tokenmill-megatron-loader-")
     os.makedirs(args.workdir, exist_ok=True)
     if args.prefix is None:
@@ -245,6 +248,21 @@ def main(argv: list[str] | None = None) -> int:
         for name, row in zip(header, zip(*rows)):
             print(f"{name:>22}: {row[0]}")
     print(f"(medians of {args.repeat} alternating runs; same first tokens in every run: {same})")
+    evidence.write(
+        runs=[run for library in ("stock", "tokenmill") for run in results[library]],
+        summary={
+            "samples_per_second": rate,
+            "cpu_seconds_per_1000_samples": cpu,
+            "speedup": rate["tokenmill"] / rate["stock"],
+            "cpu_ratio": cpu["stock"] / cpu["tokenmill"],
+            "same_tokens": same,
+        },
+        parameters={
+            "sequence_length": args.seq_length, "batch_size": args.batch_size,
+            "workers": args.workers, "batches": args.batches, "repeat": args.repeat,
+            "tokens": args.tokens,
+        },
+    )  # fmt: skip
     return 0
 
 
