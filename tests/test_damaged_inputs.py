@@ -581,3 +581,33 @@ def test_absurd_token_budget_makes_validate_fail_fast(tmp_path: Path) -> None:
 
     with pytest.raises(MixtureConfigError, match=r"m\.toml: phases\.p0\.tokens must be <= 2\*\*53"):
         MixtureConfig.from_file(config)
+
+
+def test_convert_refuses_an_output_another_tokenmill_is_writing(tmp_path: Path) -> None:
+    from tokenmill.formats.megatron import IndexedDatasetBuilder
+
+    source = str(tmp_path / "src")
+    builder = IndexedDatasetBuilder(source + ".bin", dtype=np.uint16)
+    builder.add_document(np.arange(1, 50), lengths=[49])
+    builder.finalize(source + ".idx")
+    destination = str(tmp_path / "dst")
+    script = (
+        "import sys, time; from tokenmill.common.ownership import own_output\n"
+        "with own_output(sys.argv[1]):\n    print('owned', flush=True); time.sleep(60)\n"
+    )
+    holder = subprocess.Popen(
+        [sys.executable, "-c", script, destination], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "owned"
+        result = subprocess.run(
+            [sys.executable, "-m", "tokenmill.cli.main", "convert", source, destination,
+             "--to", "npy", "--dtype", "uint16", "--quiet"],
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+    finally:
+        holder.kill()
+        holder.communicate()
+    assert result.returncode == 1
+    assert f"dst is being written by another tokenmill (pid {holder.pid}," in result.stderr
+    assert not Path(destination).exists()  # nothing written

@@ -86,6 +86,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _convert(args: argparse.Namespace) -> int:
+    from tokenmill.common.ownership import OutputBusyError, own_output
     from tokenmill.errors import DataFormatError, ObjectStorageError
     from tokenmill.formats.sources import open_source
 
@@ -95,9 +96,15 @@ def _convert(args: argparse.Namespace) -> int:
 
             args.src = fetch_source(args.src)  # a full pass reads everything: fetch it once
         source = open_source(args.src, args.dtype if args.to != "megatron" else None)
-        with Progress(
-            "convert", total=source.token_count, unit="tok", unit_scale=True, enabled=not args.quiet
-        ) as progress:
+        # one writer per output: a second convert (or tokenize) to the same DST gets a clear
+        # "being written by another tokenmill (pid, host)" error instead of mixing outputs
+        with (
+            own_output(args.dst),
+            Progress(
+                "convert", total=source.token_count, unit="tok", unit_scale=True,
+                enabled=not args.quiet,
+            ) as progress,
+        ):  # fmt: skip
             if args.to == "megatron":
                 _to_megatron(source, args, progress)
             elif args.to == "nanogpt":
@@ -105,6 +112,7 @@ def _convert(args: argparse.Namespace) -> int:
             else:
                 _to_npy(source, args, progress)
     except (
+        OutputBusyError,
         DataFormatError,
         ObjectStorageError,
         OverflowError,
