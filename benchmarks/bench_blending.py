@@ -157,4 +157,8 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from evidence import recorded
+
+    with recorded("blending"):
+        status = main()
+    sys.exit(status)

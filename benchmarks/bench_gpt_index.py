@@ -121,4 +121,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from evidence import recorded
+
+    with recorded("gpt_index"):
+        main()

@@ -209,4 +209,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from evidence import recorded
+
+    with recorded("indexed"):
+        main()

@@ -109,4 +109,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from evidence import recorded
+
+    with recorded("mixture"):
+        main()

@@ -294,4 +294,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from evidence import recorded
+
+    with recorded("s3"):
+        status = main()
+    sys.exit(status)

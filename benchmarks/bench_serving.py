@@ -22,4 +22,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from evidence import recorded
+
+    with recorded("serving"):
+        status = main()
+    sys.exit(status)

@@ -435,4 +435,8 @@ def memory_row(
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from evidence import recorded
+
+    with recorded("tokenize"):
+        status = main()
+    sys.exit(status)

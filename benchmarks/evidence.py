@@ -5,12 +5,17 @@ Every figure a README or docs page quotes should link to the JSON its run wrote:
 memory), the versions (Python, numpy, torch, tokenmill, megatron-core), the load average before
 and after the run, the command line, every individual run and the summary printed.
 
-Usage from a benchmark::
+Usage from a benchmark, structured::
 
     from evidence import Evidence
     evidence = Evidence("megatron_loader")      # reads the load average now
     ...
     evidence.write(runs=[...], summary={...})  # benchmarks/results/megatron_loader.json
+
+or, for a script that prints every run and its table, the printed lines as the record::
+
+    with recorded("blending"):
+        status = main()
 """
 
 from __future__ import annotations
@@ -22,8 +27,9 @@ import json
 import os
 import platform
 import sys
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -96,3 +102,35 @@ class Evidence:
         path.write_text(json.dumps(record, indent=2, default=str) + "\n", encoding="utf-8")
         print(f"raw results: {path}")
         return path
+
+
+class _Tee:
+    """stdout that also keeps every line written (the benchmark's printed runs and tables)."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self.stream = stream
+        self.text: list[str] = []
+
+    def write(self, text: str) -> int:
+        self.text.append(text)
+        return self.stream.write(text)
+
+    def flush(self) -> None:
+        self.stream.flush()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.stream, name)
+
+
+@contextlib.contextmanager
+def recorded(name: str) -> Iterator[Evidence]:
+    """Run a benchmark's main with its output kept; on success write results/<name>.json with
+    every printed line (each run and the tables) beside the machine, versions and load."""
+    evidence = Evidence(name)
+    tee = _Tee(sys.stdout)
+    sys.stdout = tee  # type: ignore[assignment]
+    try:
+        yield evidence
+    finally:
+        sys.stdout = tee.stream
+    evidence.write(runs=[], summary={}, output="".join(tee.text).splitlines())
