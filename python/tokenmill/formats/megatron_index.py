@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import enum
 import errno
-import mmap as mmap_module
 import os
 import struct
 
 import numpy
 import numpy.typing as npt
 
+from tokenmill.common.mapping import map_readonly, resource_error
 from tokenmill.errors import DataFormatError
 
 __all__ = [
@@ -240,10 +240,15 @@ class _IndexReader:
                         f"sequences, {document_count} document boundaries) needs {expected}"
                         f"{'' if multimodal else f' (or {expected + trailer} with modes)'}"
                     )
-                # mmap duplicates the descriptor, so the file object can be closed right away
-                self._mapping = mmap_module.mmap(stream.fileno(), 0, access=mmap_module.ACCESS_READ)
+                # the map keeps no descriptor: the file is closed on leaving this block
+                self._mapping = map_readonly(stream.fileno(), file_size, idx_path)
         except FileNotFoundError:
             raise FileNotFoundError(errno.ENOENT, f"index file not found: {idx_path}") from None
+        except OSError as error:
+            limit = resource_error(error, idx_path)
+            if limit is None:
+                raise
+            raise limit from error
 
         offset = HEADER_SIZE
         self.sequence_lengths = numpy.frombuffer(

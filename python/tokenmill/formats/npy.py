@@ -16,44 +16,84 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from tokenmill.errors import DataFormatError
+from tokenmill.common.mapping import map_readonly, resource_error
+from tokenmill.errors import DataFormatError, ResourceLimitError
 
 __all__ = ["load_npy"]
 
-_SMALL_FILE = 4096
+READ_BELOW = 1 << 20
+"""Arrays of at most this many bytes are read into memory instead of mapped: a map costs a
+kernel map slot (vm.max_map_count) for the life of the array, and a blend of thousands of sources
+holds thousands of small cached arrays."""
+
+
+def _header(stream: Any, path: str) -> tuple[tuple[int, ...], bool, np.dtype[Any], int]:
+    version = np.lib.format.read_magic(stream)
+    if version == (1, 0):
+        shape, fortran, dtype = np.lib.format.read_array_header_1_0(stream)
+    elif version in ((2, 0), (3, 0)):
+        shape, fortran, dtype = np.lib.format.read_array_header_2_0(stream)
+    else:
+        raise ValueError(f"unsupported .npy version {version}")
+    if dtype.hasobject:
+        raise ValueError(f"object dtype {dtype} cannot be loaded without pickle")
+    return tuple(int(n) for n in shape), bool(fortran), dtype, stream.tell()
 
 
 def load_npy(path: str | os.PathLike[str]) -> npt.NDArray[Any]:
-    """Memory-map a ``.npy`` file read-only (pickled object arrays are refused).
-
-    Files numpy cannot map (an empty array) are read instead, if they are small.
+    """A read-only ``.npy`` array (pickled object arrays are refused): memory-mapped when larger
+    than :data:`READ_BELOW` bytes, read otherwise. No file descriptor stays open either way (see
+    `tokenmill.common.mapping`).
 
     Raises:
         FileNotFoundError: no such file.
         PermissionError: the file cannot be opened.
+        ResourceLimitError: out of descriptors or memory maps (the message names the limit).
         DataFormatError: anything else: bad magic, malformed header, object dtype, a file shorter
             than its header's shape, or a header describing an impossible array.
     """
     path = os.fspath(path)
-    array: Any  # np.load returns an NpzFile for a zip archive
     try:
-        try:
-            array = np.load(path, mmap_mode="r", allow_pickle=False)
-        except ValueError:
-            # numpy cannot map an empty array; such files are tiny, so read them instead.
-            if os.path.getsize(path) > _SMALL_FILE:
-                raise
-            array = np.load(path, allow_pickle=False)
-    except (FileNotFoundError, PermissionError):
+        descriptor = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    except OSError as error:
+        limit = resource_error(error, path)
+        if limit is not None:
+            raise limit from error
         raise
+    try:
+        with open(descriptor, "rb", closefd=False) as stream:
+            shape, fortran, dtype, offset = _header(stream, path)
+        count = 1
+        for extent in shape:
+            count *= extent
+        nbytes = count * dtype.itemsize
+        size = os.fstat(descriptor).st_size
+        if size < offset + nbytes:
+            raise ValueError(
+                f"file is {size} bytes but its header ({shape}, {dtype}) needs {offset + nbytes}"
+            )
+        if nbytes <= READ_BELOW:
+            data = os.pread(descriptor, nbytes, offset)
+            if len(data) != nbytes:
+                raise ValueError(f"short read: {len(data)} of {nbytes} bytes")
+            flat = np.frombuffer(data, dtype=dtype, count=count)
+        else:
+            mapping = map_readonly(descriptor, offset + nbytes, path)
+            flat = np.frombuffer(mapping, dtype=dtype, count=count, offset=offset)
+    except (FileNotFoundError, PermissionError, ResourceLimitError):
+        raise
+    except OSError as error:
+        limit = resource_error(error, path, "read")
+        if limit is not None:
+            raise limit from error
+        raise DataFormatError(f"{path}: not a valid .npy file ({error})") from error
     except Exception as error:  # numpy's header parser raises many types; see the docstring
         raise DataFormatError(
             f"{path}: not a valid .npy file ({type(error).__name__}: {error})"
         ) from error
-    if not isinstance(array, np.ndarray):
-        close = getattr(array, "close", None)  # an .npz archive holds an open file
-        if close is not None:
-            close()
-        raise DataFormatError(f"{path}: not a .npy array file (got {type(array).__name__})")
+    finally:
+        os.close(descriptor)
+    array = flat.reshape(shape[::-1]).T if fortran else flat.reshape(shape)
+    array.flags.writeable = False
     result: npt.NDArray[Any] = array
     return result
