@@ -337,7 +337,11 @@ class IndexCache:
                     self.base,
                     errno.errorcode.get(error.errno or 0, error),
                 )
-                yield
+                try:
+                    yield
+                finally:
+                    with contextlib.suppress(OSError):
+                        lock_path.unlink()
                 return
             try:
                 yield
