@@ -193,3 +193,48 @@ def test_maps_keep_no_descriptor_under_a_low_descriptor_limit(tmp_path: Path) ->
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert "LIMIT" in done.stdout and "ulimit -n" in done.stdout, done.stderr
+
+
+def test_a_rank_that_does_not_build_trusts_the_builders_verdict(
+    shard: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    built = build(shard, make_config(tmp_path / "cache"))
+    forbid_builds(monkeypatch)
+    monkeypatch.setattr("tokenmill.datasets.gpt.is_cache_builder", lambda scope: False)
+
+    def no_fingerprints(path: object) -> None:
+        raise AssertionError(f"{path} fingerprinted on a rank that does not build")
+
+    monkeypatch.setattr("tokenmill.index.fingerprint.fingerprint_file", no_fingerprints)
+    with cache_module.trusting_builder():
+        opened = build(shard, make_config(tmp_path / "cache"))
+    assert_same_arrays(opened, built)
+    # a DataLoader worker's copy does not fingerprint either
+    import pickle
+
+    copy = pickle.loads(pickle.dumps(opened))
+    assert copy[0]["tokens"].shape == opened[0]["tokens"].shape
+
+
+def test_a_blend_fingerprints_each_data_file_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tokenmill.datasets.builder import BlendedMegatronDatasetBuilder
+    from tokenmill.datasets.gpt import GPTDataset
+    from tokenmill.index import fingerprint
+
+    rng = np.random.default_rng(4)
+    prefixes = [
+        write_megatron_shard(tmp_path / f"s{i}", random_documents(rng, 60)) for i in range(4)
+    ]
+    calls: list[str] = []
+    real = fingerprint.fingerprint_file
+
+    def counting(path: str) -> dict[str, object]:
+        calls.append(str(path))
+        return real(path)
+
+    monkeypatch.setattr(fingerprint, "fingerprint_file", counting)
+    config = make_config(tmp_path / "cache", split="80,20,0", blend=(prefixes, [1, 2, 3, 4]))
+    BlendedMegatronDatasetBuilder(GPTDataset, [200, 20, 0], lambda: True, config).build()
+    assert sorted(calls) == sorted(p + s for p in prefixes for s in (".bin", ".idx"))

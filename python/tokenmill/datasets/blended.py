@@ -128,6 +128,9 @@ class BlendedDataset:
         self.unique_description, self.unique_description_hash = describe(identifiers)
 
         self._cache: IndexCache | None = None
+        # the data behind the cache entry was checked in this process (or by the builders):
+        # DataLoader workers, which get a pickled copy, do not fingerprint it again
+        self._data_verified = False
         if config.path_to_cache:
             self._cache = IndexCache.create(
                 config.path_to_cache,
@@ -212,6 +215,7 @@ class BlendedDataset:
                 data_prefixes=self.data_prefixes(),
                 data_check=self._data_check(),
             )
+            self._data_verified = True
         return arrays["dataset_index"], arrays["dataset_sample_index"]
 
     def data_prefixes(self) -> list[str]:
@@ -245,7 +249,9 @@ class BlendedDataset:
             if not self._cache.all_present():
                 raise CacheMissingError(message)
             raise CacheError(message)
-        self._cache.check_deferred(self.data_prefixes(), self._data_check())
+        if not getattr(self, "_data_verified", False):
+            self._cache.check_deferred(self.data_prefixes(), self._data_check())
+            self._data_verified = True
         return arrays
 
     def _load_deferred(self) -> None:

@@ -143,6 +143,9 @@ class GPTDataset(MegatronDataset):
         self.cached_loss_mask: Any = None
         self.cached_position_ids: Any = None
         self._cache: IndexCache | None = None
+        # the data behind the cache entry was checked in this process (or by the builders):
+        # DataLoader workers, which get a pickled copy, do not fingerprint it again
+        self._data_verified = False
         self.document_index: npt.NDArray[Any] | None
         self.sample_index: npt.NDArray[Any] | None
         self.shuffle_index: npt.NDArray[Any] | None
@@ -390,6 +393,7 @@ class GPTDataset(MegatronDataset):
                 data_prefixes=self.data_prefixes(),
                 data_check=self.config.cache_data_check,
             )
+            self._data_verified = True
             self._check_consistency(arrays)
         return arrays["document_index"], arrays["sample_index"], arrays["shuffle_index"]
 
@@ -437,7 +441,9 @@ class GPTDataset(MegatronDataset):
             if not self._cache.all_present():
                 raise CacheMissingError(message)
             raise CacheError(message)
-        self._cache.check_deferred(self.data_prefixes(), self.config.cache_data_check)
+        if not getattr(self, "_data_verified", False):
+            self._cache.check_deferred(self.data_prefixes(), self.config.cache_data_check)
+            self._data_verified = True
         self._check_consistency(arrays)
         return arrays
 
