@@ -245,8 +245,16 @@ def main() -> None:
             for library in args.libraries:
                 cache = str(root / f"cache{count}-{library}")
                 shutil.rmtree(cache, ignore_errors=True)
-                cold = run(library, listing, cache, args.seq_length, samples, "builder",
-                           args.timeout, fd_limit)  # fmt: skip
+                cold = run(
+                    library,
+                    listing,
+                    cache,
+                    args.seq_length,
+                    samples,
+                    "builder",
+                    args.timeout,
+                    fd_limit,
+                )
                 warm = (
                     run(
                         library,
@@ -257,7 +265,7 @@ def main() -> None:
                         "builder",
                         args.timeout,
                         fd_limit,
-                    )  # fmt: skip
+                    )
                     if "error" not in cold
                     else {"error": "no cold cache"}
                 )
@@ -270,13 +278,30 @@ def main() -> None:
             for library in args.libraries:
                 cache = str(root / f"cache{count}-{library}")
                 if not os.path.isdir(cache) or not os.listdir(cache):
-                    run(library, listing, cache, args.seq_length, samples, "builder",
-                        args.timeout, None)  # fmt: skip
+                    run(
+                        library,
+                        listing,
+                        cache,
+                        args.seq_length,
+                        samples,
+                        "builder",
+                        args.timeout,
+                        None,
+                    )
                 out = {}
                 for role in ("baseline", "reader"):
                     trace = str(root / f"strace{count}-{library}-{role}.txt")
-                    result = run(library, listing, cache, args.seq_length, samples, role,
-                                 args.timeout * 3, None, strace=trace)  # fmt: skip
+                    result = run(
+                        library,
+                        listing,
+                        cache,
+                        args.seq_length,
+                        samples,
+                        role,
+                        args.timeout * 3,
+                        None,
+                        strace=trace,
+                    )
                     if "error" in result:
                         out[role] = result
                         break
@@ -286,11 +311,15 @@ def main() -> None:
             traces.append((count, per))
 
     print()
-    print(f"documents {args.documents:,} in all (at least {args.min_documents} per source), "
-          f"lengths {LENGTHS[0]}-{LENGTHS[1] - 1}, sequence length {args.seq_length}; "
-          "time = builder to sample 0")  # fmt: skip
-    header = ("| S | docs/source | fd limit | phase | megatron s | tokenmill s | ratio | "
-              "RSS MB (meg / tm) | fds (meg / tm) | maps (meg / tm) |")  # fmt: skip
+    print(
+        f"documents {args.documents:,} in all (at least {args.min_documents} per source), "
+        f"lengths {LENGTHS[0]}-{LENGTHS[1] - 1}, sequence length {args.seq_length}; "
+        "time = builder to sample 0"
+    )
+    header = (
+        "| S | docs/source | fd limit | phase | megatron s | tokenmill s | ratio | "
+        "RSS MB (meg / tm) | fds (meg / tm) | maps (meg / tm) |"
+    )
     print(header)
     print("|" + " --- |" * 10)
     for count, per_source, _, fd_limit, measured in rows:

@@ -11,6 +11,7 @@ PermissionError (problems of the path, not of the contents) through unchanged.
 from __future__ import annotations
 
 import os
+import re
 from typing import Any
 
 import numpy as np
@@ -27,7 +28,34 @@ kernel map slot (vm.max_map_count) for the life of the array, and a blend of tho
 holds thousands of small cached arrays."""
 
 
+# The header numpy.save writes for a plain dtype: parsed with one regex, because numpy's
+# general parser (ast.literal_eval) costs more than the rest of opening a small cached array.
+_PLAIN = re.compile(
+    rb"\{'descr': '(?P<descr>[<>|=][a-zA-Z]\d+)', 'fortran_order': (?P<fortran>True|False), "
+    rb"'shape': \((?P<shape>|\d+,|\d+(?:, \d+)+)\), \} *\n"
+)
+
+
+def _fast_header(head: bytes) -> tuple[tuple[int, ...], bool, np.dtype[Any], int] | None:
+    """The header of a version 1.0 file with a plain dtype, or None for anything else."""
+    if len(head) < 10 or head[:8] != b"\x93NUMPY\x01\x00":
+        return None
+    end = 10 + int.from_bytes(head[8:10], "little")
+    match = _PLAIN.fullmatch(head[10:end])
+    if match is None:
+        return None
+    shape = tuple(int(n) for n in match["shape"].split(b",") if n.strip())
+    dtype = np.dtype(match["descr"].decode("ascii"))
+    if dtype.hasobject:
+        return None
+    return shape, match["fortran"] == b"True", dtype, end
+
+
 def _header(stream: Any, path: str) -> tuple[tuple[int, ...], bool, np.dtype[Any], int]:
+    fast = _fast_header(stream.read(256))
+    if fast is not None:
+        return fast
+    stream.seek(0)
     version = np.lib.format.read_magic(stream)
     if version == (1, 0):
         shape, fortran, dtype = np.lib.format.read_array_header_1_0(stream)

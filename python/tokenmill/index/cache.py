@@ -217,6 +217,8 @@ class IndexCache:
     base: str
     description: str
     array_names: tuple[str, ...]
+    # file paths by suffix, built once (pathlib joins cost more than the rest of a warm open)
+    _paths: dict[str, Path] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def create(
@@ -238,7 +240,10 @@ class IndexCache:
         return cls(Path(location), base, description, tuple(array_names))
 
     def path(self, suffix: str) -> Path:
-        return self.directory / f"{self.base}-{suffix}"
+        found = self._paths.get(suffix)
+        if found is None:
+            found = self._paths[suffix] = self.directory / f"{self.base}-{suffix}"
+        return found
 
     @property
     def description_path(self) -> Path:
