@@ -17,6 +17,7 @@ hangs.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from collections.abc import Callable, Sequence
@@ -132,7 +133,8 @@ class BlendedMegatronDatasetBuilder:
         elif work is not None:
             dataset = work()
         if not builder and is_built_on_rank():
-            with trusting_builder():
+            # the builders' verdict is known only after the collective (or an enclosing one)
+            with trusting_builder() if synchronize_ranks else contextlib.nullcontext():
                 dataset = cls(*args)
         return dataset
 
