@@ -173,6 +173,26 @@ def check_non_decreasing(values: npt.NDArray[numpy.int64], path: str, field: str
             )
 
 
+class _RawFile:
+    """A read-only descriptor with the two calls the index reader needs (`fileno`, `read` of
+    the header) and nothing else: open, fstat, pread, mmap and close are the whole open."""
+
+    def __init__(self, path: str) -> None:
+        self.descriptor = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+
+    def fileno(self) -> int:
+        return self.descriptor
+
+    def read(self, size: int) -> bytes:
+        return os.pread(self.descriptor, size, 0)
+
+    def __enter__(self) -> _RawFile:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        os.close(self.descriptor)
+
+
 class _IndexReader:
     """The parsed ``.idx`` file: zero-copy views of its arrays over a read-only mapping.
 
@@ -197,7 +217,9 @@ class _IndexReader:
     ) -> None:
         self.idx_path = idx_path
         try:
-            with open(idx_path, "rb") as stream:
+            # raw descriptor calls: a Python file object adds four system calls per open, and a
+            # blend opens thousands of these
+            with _RawFile(idx_path) as stream:
                 file_size = os.fstat(stream.fileno()).st_size
                 if sequences_per_dataset:
                     # fast_cache_load: the caller already knows the counts, skip reading the header

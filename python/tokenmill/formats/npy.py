@@ -52,10 +52,6 @@ def _fast_header(head: bytes) -> tuple[tuple[int, ...], bool, np.dtype[Any], int
 
 
 def _header(stream: Any, path: str) -> tuple[tuple[int, ...], bool, np.dtype[Any], int]:
-    fast = _fast_header(stream.read(256))
-    if fast is not None:
-        return fast
-    stream.seek(0)
     version = np.lib.format.read_magic(stream)
     if version == (1, 0):
         shape, fortran, dtype = np.lib.format.read_array_header_1_0(stream)
@@ -89,23 +85,33 @@ def load_npy(path: str | os.PathLike[str]) -> npt.NDArray[Any]:
             raise limit from error
         raise
     try:
-        with open(descriptor, "rb", closefd=False) as stream:
-            shape, fortran, dtype, offset = _header(stream, path)
+        # raw descriptor calls (open, pread, [fstat, mmap,] close): a Python file object adds
+        # four system calls per file, and a blend opens thousands of these
+        head = os.pread(descriptor, 256, 0)
+        fast = _fast_header(head)
+        if fast is None:
+            with open(descriptor, "rb", closefd=False) as stream:
+                fast = _header(stream, path)
+        shape, fortran, dtype, offset = fast
         count = 1
         for extent in shape:
             count *= extent
         nbytes = count * dtype.itemsize
-        size = os.fstat(descriptor).st_size
-        if size < offset + nbytes:
-            raise ValueError(
-                f"file is {size} bytes but its header ({shape}, {dtype}) needs {offset + nbytes}"
-            )
         if nbytes <= READ_BELOW:
             data = os.pread(descriptor, nbytes, offset)
-            if len(data) != nbytes:
-                raise ValueError(f"short read: {len(data)} of {nbytes} bytes")
+            if len(data) < nbytes:
+                raise ValueError(
+                    f"file has {offset + len(data)} bytes but its header ({shape}, {dtype}) "
+                    f"needs {offset + nbytes}"
+                )
             flat = np.frombuffer(data, dtype=dtype, count=count)
         else:
+            size = os.fstat(descriptor).st_size
+            if size < offset + nbytes:
+                raise ValueError(
+                    f"file is {size} bytes but its header ({shape}, {dtype}) needs "
+                    f"{offset + nbytes}"
+                )
             mapping = map_readonly(descriptor, offset + nbytes, path)
             flat = np.frombuffer(mapping, dtype=dtype, count=count, offset=offset)
     except (FileNotFoundError, PermissionError, ResourceLimitError):
