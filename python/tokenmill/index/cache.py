@@ -296,7 +296,9 @@ class IndexCache:
                 if found != self.description:
                     problems.append(f"{self.description_path}: description differs from config")
             except FileNotFoundError:
-                problems.append(f"{self.description_path}: missing")
+                # not committed (or never written): the arrays cannot make it a hit, and a cold
+                # start should not pay three more failing opens per entry to say so
+                return None, [f"{self.description_path}: missing"]
             except OSError as error:
                 limit = resource_error(error, str(self.description_path))
                 if limit is not None:
