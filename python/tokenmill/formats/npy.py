@@ -22,10 +22,11 @@ from tokenmill.errors import DataFormatError, ResourceLimitError
 
 __all__ = ["load_npy"]
 
-READ_BELOW = 1 << 20
+READ_BELOW = 1 << 16
 """Arrays of at most this many bytes are read into memory instead of mapped: a map costs a
 kernel map slot (vm.max_map_count) for the life of the array, and a blend of thousands of sources
-holds thousands of small cached arrays."""
+holds thousands of small cached arrays. Larger arrays are mapped (reading them would copy what a
+sample may never touch)."""
 
 
 # The header numpy.save writes for a plain dtype: parsed with one regex, because numpy's
