@@ -6,7 +6,8 @@ S (equal weights, split "100,0,0", one epoch of samples of --seq-length tokens) 
 fresh process per library, interleaved, each time:
 
 * cold: an empty cache directory: build every index, write the cache, read sample 0;
-* warm: the same directory again: open every cached index, read sample 0.
+* warm: the same directory again: open every cached index, read sample 0;
+* warm, not building: the same as a rank that does not build caches (see --strace below).
 
 Each run prints the time from the builder's construction to sample 0 (imports excluded), the
 peak resident memory (ru_maxrss), and the open file descriptors and memory maps after sample 0.
@@ -262,6 +263,7 @@ def main() -> None:
 
                 def once(
                     fresh: bool,
+                    role: str = "builder",
                     library: str = library,
                     cache: str = cache,
                     listing: str = listing,
@@ -276,7 +278,7 @@ def main() -> None:
                         cache,
                         args.seq_length,
                         samples,
-                        "builder",
+                        role,
                         args.timeout,
                         fd_limit,
                     )
@@ -287,8 +289,13 @@ def main() -> None:
                     if "error" not in cold
                     else {"error": "no cold cache"}
                 )
-                measured[library] = {"cold": cold, "warm": warm}
-                for phase, result in (("cold", cold), ("warm", warm)):
+                reader = (
+                    best_of([once(False, "reader") for _ in range(args.repeat)])
+                    if "error" not in cold
+                    else {"error": "no cold cache"}
+                )
+                measured[library] = {"cold": cold, "warm": warm, "warm, not building": reader}
+                for phase, result in measured[library].items():
                     print(f"S={count} {library} {phase}: {result}", flush=True)
             rows.append((count, per_source, samples, fd_limit, measured))
         if count in args.strace:
@@ -341,7 +348,7 @@ def main() -> None:
     print(header)
     print("|" + " --- |" * 10)
     for count, per_source, _, fd_limit, measured in rows:
-        for phase in ("cold", "warm"):
+        for phase in ("cold", "warm", "warm, not building"):
             meg = measured.get("megatron", {}).get(phase, {"error": "not run"})
             tm = measured.get("tokenmill", {}).get(phase, {"error": "not run"})
             ratio = (
