@@ -18,6 +18,7 @@ import pytest
 
 from test_stale_data import arrays, assert_same_arrays, build, fresh_reference, make_config
 from tokenmill.common import owner
+from tokenmill.datasets.utils import Split
 from tokenmill.errors import ResourceLimitError
 from tokenmill.formats.npy import READ_BELOW, load_npy
 from tokenmill.index import cache as cache_module
@@ -206,8 +207,23 @@ def test_a_rank_that_does_not_build_trusts_the_builders_verdict(
         raise AssertionError(f"{path} fingerprinted on a rank that does not build")
 
     monkeypatch.setattr("tokenmill.index.fingerprint.fingerprint_file", no_fingerprints)
+
+    def no_scans(self: object) -> None:
+        raise AssertionError("the .idx scanned again on a rank that does not build")
+
+    monkeypatch.setattr("tokenmill.formats.megatron_index._IndexReader.validate", no_scans)
+    from tokenmill.datasets.gpt import GPTDataset
+
     with cache_module.trusting_builder():
-        opened = build(shard, make_config(tmp_path / "cache"))
+        low_level = GPTDataset.build_low_level_dataset(shard, make_config(tmp_path / "cache"))
+        opened = GPTDataset(
+            low_level,
+            shard,
+            np.arange(len(low_level), dtype=np.int32),
+            300,
+            Split.train,
+            make_config(tmp_path / "cache"),
+        )
     assert_same_arrays(opened, built)
     # a DataLoader worker's copy does not fingerprint either
     import pickle

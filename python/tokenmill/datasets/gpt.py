@@ -65,7 +65,7 @@ from tokenmill.datasets.config import GPTDatasetConfig
 from tokenmill.datasets.megatron_dataset import MegatronDataset
 from tokenmill.datasets.utils import Split
 from tokenmill.errors import CacheError, CacheMissingError, PerformanceWarning
-from tokenmill.index.cache import ArraySpec, IndexCache
+from tokenmill.index.cache import ArraySpec, IndexCache, builders_verified
 from tokenmill.index.gpt_index import (
     GptIndexPlan,
     as_document_ids,
@@ -195,7 +195,8 @@ class GPTDataset(MegatronDataset):
             dataset_path,
             multimodal=False,
             mmap=config.mmap_bin_files,
-            fast_cache_load=config.fast_cache_load,
+            # a rank that does not build skips the O(documents) .idx scan the builders ran
+            fast_cache_load=config.fast_cache_load or builders_verified(),
             sequences_per_dataset=sequences_per_dataset,
             dtype_code=config.token_dtype_code,
         )
