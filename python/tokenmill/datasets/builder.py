@@ -18,9 +18,10 @@ hangs.
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -43,6 +44,22 @@ from tokenmill.index.fingerprint import once_per_file
 __all__ = ["BlendedMegatronDatasetBuilder"]
 
 logger = logging.getLogger(__name__)
+
+
+@contextlib.contextmanager
+def _no_full_collections() -> Iterator[None]:
+    """Pause the cyclic garbage collector while a blend is opened. Why: opening thousands of
+    sources allocates enough objects to trigger full collections, and each traverses every
+    object of the process (hundreds of thousands once torch is imported): about 10-20% of a
+    warm start at 1,000 sources. The build creates no garbage cycles to speak of (reference
+    counting frees its temporaries); collections resume, as before, when it returns."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def _sum_or_zero(values: Sequence[Any]) -> int:
@@ -146,7 +163,7 @@ class BlendedMegatronDatasetBuilder:
         Must be called on every rank when torch.distributed is initialised.
         """
         self._check_tokenizer_fingerprints()
-        with once_per_file():  # a blend's entries name every member's files again
+        with once_per_file(), _no_full_collections():
             datasets = self._build_blended_dataset_splits()
         for split, dataset in zip(Split, datasets):
             if dataset is None or isinstance(dataset, list) or len(dataset) == 0:
