@@ -53,3 +53,10 @@ class ObjectChangedError(ObjectStorageError):
 class ChecksumError(DataFormatError):
     """A downloaded or uploaded object's bytes do not hash to the checksum its manifest records
     (the message names the object, the local file and both sha256 digests)."""
+
+
+class ResourceLimitError(TokenmillError, OSError):
+    """Opening or mapping a file failed because the process or machine ran out of a resource
+    (descriptors: EMFILE/ENFILE, memory maps or address space: ENOMEM), or the filesystem refused
+    a map (EPERM). The file itself is fine; the message names the limit to raise (``ulimit -n``,
+    ``vm.max_map_count``). Never taken for a corrupt file, never a reason to rebuild a cache."""

@@ -17,6 +17,8 @@ import os
 import tempfile
 from typing import BinaryIO, TypeVar
 
+from tokenmill.common.owner import owner_tag
+
 __all__ = [
     "AtomicFile",
     "AtomicWriter",
@@ -113,7 +115,7 @@ class AtomicFile:
                 errno.ENOENT, f"directory of {self.path} does not exist: {directory}"
             )
         descriptor, self.temporary_path = tempfile.mkstemp(
-            prefix=f".{name}.", suffix=".tmp", dir=directory
+            prefix=f".{name}.{owner_tag()}.", suffix=".tmp", dir=directory
         )
         os.fchmod(descriptor, default_file_mode())
         self.stream: BinaryIO = os.fdopen(descriptor, "w+b")

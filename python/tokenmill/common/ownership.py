@@ -38,6 +38,7 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
+from tokenmill.common.owner import pid_alive, pid_namespace
 from tokenmill.errors import TokenmillError
 
 __all__ = ["OWNER_SUFFIX", "OutputBusyError", "die_with_parent", "own_output", "owner_path"]
@@ -55,16 +56,6 @@ def owner_path(prefix: str) -> str:
     """The owner file of an output prefix: hidden, beside the outputs."""
     directory, name = os.path.split(os.fspath(prefix))
     return os.path.join(directory, f".{name}{OWNER_SUFFIX}")
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # exists, owned by another user
-    return True
 
 
 def _read_owner(path: str) -> dict[str, Any] | None:
@@ -90,7 +81,10 @@ def _is_stale(record: dict[str, Any] | None, path: str) -> bool:
     pid = record.get("pid")
     if record.get("host") != socket.gethostname() or not isinstance(pid, int) or pid <= 0:
         return False
-    return not _pid_alive(pid)
+    # containers sharing a host name but not a pid namespace cannot see each other's pids
+    if record.get("pid_namespace", pid_namespace()) != pid_namespace():
+        return False
+    return not pid_alive(pid)
 
 
 @contextlib.contextmanager
@@ -113,6 +107,7 @@ def own_output(prefix: str, run_id: str | None = None) -> Iterator[str]:
     record = {
         "pid": os.getpid(),
         "host": socket.gethostname(),
+        "pid_namespace": pid_namespace(),
         "run_id": run_id,
         "started": time.time(),
     }
@@ -167,7 +162,7 @@ def own_output(prefix: str, run_id: str | None = None) -> Iterator[str]:
 def _watch_parent(parent: int, direct: bool) -> None:
     while True:
         time.sleep(1.0)
-        if (direct and os.getppid() != parent) or not _pid_alive(parent):
+        if (direct and os.getppid() != parent) or not pid_alive(parent):
             os._exit(1)  # the job is gone: nobody will read this worker's results
 
 
@@ -185,7 +180,7 @@ def die_with_parent(parent: int | None = None) -> None:
         with contextlib.suppress(OSError, AttributeError):
             libc = ctypes.CDLL(name, use_errno=True)
             libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    if not _pid_alive(parent):  # died before prctl took effect
+    if not pid_alive(parent):  # died before prctl took effect
         os._exit(1)
     direct = parent == os.getppid()
     threading.Thread(

@@ -129,6 +129,9 @@ class BlendedDataset:
         self.unique_description, self.unique_description_hash = describe(identifiers)
 
         self._cache: IndexCache | None = None
+        # the data behind the cache entry was checked in this process (or by the builders):
+        # DataLoader workers, which get a pickled copy, do not fingerprint it again
+        self._data_verified = False
         if config.path_to_cache:
             self._cache = IndexCache.create(
                 config.path_to_cache,
@@ -218,17 +221,16 @@ class BlendedDataset:
                 data_prefixes=self.data_prefixes(),
                 data_check=self._data_check(),
             )
+            self._data_verified = True
         return arrays["dataset_index"], arrays["dataset_sample_index"]
 
     def data_prefixes(self) -> list[str]:
         """The `.bin`/`.idx` prefixes of every member dataset (fingerprinted beside the cache
         entry: without weights, the blend depends on the members' lengths)."""
-        prefixes: list[str] = []
+        prefixes: dict[str, None] = {}  # ordered set: a list was quadratic in the sources
         for dataset in self.datasets:
-            for prefix in getattr(dataset, "data_prefixes", list)():
-                if prefix not in prefixes:
-                    prefixes.append(prefix)
-        return prefixes
+            prefixes.update(dict.fromkeys(getattr(dataset, "data_prefixes", list)()))
+        return list(prefixes)
 
     def _data_check(self) -> str:
         return str(getattr(self.config, "cache_data_check", "rebuild"))
@@ -253,7 +255,9 @@ class BlendedDataset:
             if not self._cache.all_present():
                 raise CacheMissingError(message)
             raise CacheError(message)
-        self._cache.check_deferred(self.data_prefixes(), self._data_check())
+        if not getattr(self, "_data_verified", False):
+            self._cache.check_deferred(self.data_prefixes(), self._data_check())
+            self._data_verified = True
         return arrays
 
     def _load_deferred(self) -> None:

@@ -65,7 +65,7 @@ from tokenmill.datasets.config import GPTDatasetConfig
 from tokenmill.datasets.megatron_dataset import MegatronDataset
 from tokenmill.datasets.utils import Split
 from tokenmill.errors import CacheError, CacheMissingError, PerformanceWarning
-from tokenmill.index.cache import ArraySpec, IndexCache
+from tokenmill.index.cache import ArraySpec, IndexCache, builders_verified
 from tokenmill.index.cache_checks import gpt_checks
 from tokenmill.index.gpt_index import (
     GptIndexPlan,
@@ -144,6 +144,9 @@ class GPTDataset(MegatronDataset):
         self.cached_loss_mask: Any = None
         self.cached_position_ids: Any = None
         self._cache: IndexCache | None = None
+        # the data behind the cache entry was checked in this process (or by the builders):
+        # DataLoader workers, which get a pickled copy, do not fingerprint it again
+        self._data_verified = False
         self.document_index: npt.NDArray[Any] | None
         self.sample_index: npt.NDArray[Any] | None
         self.shuffle_index: npt.NDArray[Any] | None
@@ -193,7 +196,8 @@ class GPTDataset(MegatronDataset):
             dataset_path,
             multimodal=False,
             mmap=config.mmap_bin_files,
-            fast_cache_load=config.fast_cache_load,
+            # a rank that does not build skips the O(documents) .idx scan the builders ran
+            fast_cache_load=config.fast_cache_load or builders_verified(),
             sequences_per_dataset=sequences_per_dataset,
             dtype_code=config.token_dtype_code,
         )
@@ -408,6 +412,7 @@ class GPTDataset(MegatronDataset):
                 data_prefixes=self.data_prefixes(),
                 data_check=self.config.cache_data_check,
             )
+            self._data_verified = True
             self._check_consistency(arrays)
         return arrays["document_index"], arrays["sample_index"], arrays["shuffle_index"]
 
@@ -455,7 +460,9 @@ class GPTDataset(MegatronDataset):
             if not self._cache.all_present():
                 raise CacheMissingError(message)
             raise CacheError(message)
-        self._cache.check_deferred(self.data_prefixes(), self.config.cache_data_check)
+        if not getattr(self, "_data_verified", False):
+            self._cache.check_deferred(self.data_prefixes(), self.config.cache_data_check)
+            self._data_verified = True
         self._check_consistency(arrays)
         return arrays
 

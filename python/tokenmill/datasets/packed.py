@@ -257,8 +257,11 @@ class PackedDataset:
         builder = distributed.is_cache_builder()
         arrays: dict[str, npt.NDArray[Any]] | None = None
         if builder:
-            arrays, _ = cache.load_or_build(self._plan, specs, may_build=True)
-        distributed.barrier()
+            arrays = distributed.build_then_share(
+                lambda: cache.load_or_build(self._plan, specs, may_build=True)[0]
+            )
+        else:
+            distributed.build_then_share(None)
         if arrays is None:
             arrays, _ = cache.load_or_build(self._plan, specs, may_build=False)
         if arrays["row_order"].shape[0] != arrays["row_offsets"].shape[0] - 1:

@@ -46,13 +46,13 @@ cached chunks, or one request per run of missing chunks.
 from __future__ import annotations
 
 import errno
-import mmap as mmap_module
 import os
 from typing import Any
 
 import numpy
 import numpy.typing as npt
 
+from tokenmill.common.mapping import map_readonly, resource_error
 from tokenmill.errors import DataFormatError
 from tokenmill.formats.megatron_builder import IndexedDatasetBuilder
 from tokenmill.formats.megatron_index import (
@@ -86,6 +86,11 @@ def _open_bin(bin_path: str) -> int:
         return os.open(bin_path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
     except FileNotFoundError:
         raise FileNotFoundError(errno.ENOENT, f"data file not found: {bin_path}") from None
+    except OSError as error:
+        limit = resource_error(error, bin_path)
+        if limit is None:
+            raise
+        raise limit from error
 
 
 class IndexedDataset:
@@ -202,7 +207,8 @@ class IndexedDataset:
                 self.index.validate(self._bin_size, bin_path)
             if mmap:
                 if self._bin_size:
-                    mapping = mmap_module.mmap(descriptor, 0, access=mmap_module.ACCESS_READ)
+                    # keeps no descriptor: this one is closed below
+                    mapping = map_readonly(descriptor, self._bin_size, bin_path)
                     self._tokens = numpy.frombuffer(
                         mapping, dtype=self.dtype, count=self._bin_size // self._itemsize
                     )

@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import enum
 import errno
-import mmap as mmap_module
 import os
 import struct
 
 import numpy
 import numpy.typing as npt
 
+from tokenmill.common.mapping import map_readonly, resource_error
 from tokenmill.errors import DataFormatError
 
 __all__ = [
@@ -173,6 +173,26 @@ def check_non_decreasing(values: npt.NDArray[numpy.int64], path: str, field: str
             )
 
 
+class _RawFile:
+    """A read-only descriptor with the two calls the index reader needs (`fileno`, `read` of
+    the header) and nothing else: open, fstat, pread, mmap and close are the whole open."""
+
+    def __init__(self, path: str) -> None:
+        self.descriptor = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+
+    def fileno(self) -> int:
+        return self.descriptor
+
+    def read(self, size: int) -> bytes:
+        return os.pread(self.descriptor, size, 0)
+
+    def __enter__(self) -> _RawFile:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        os.close(self.descriptor)
+
+
 class _IndexReader:
     """The parsed ``.idx`` file: zero-copy views of its arrays over a read-only mapping.
 
@@ -197,7 +217,9 @@ class _IndexReader:
     ) -> None:
         self.idx_path = idx_path
         try:
-            with open(idx_path, "rb") as stream:
+            # raw descriptor calls: a Python file object adds four system calls per open, and a
+            # blend opens thousands of these
+            with _RawFile(idx_path) as stream:
                 file_size = os.fstat(stream.fileno()).st_size
                 if sequences_per_dataset:
                     # fast_cache_load: the caller already knows the counts, skip reading the header
@@ -240,10 +262,15 @@ class _IndexReader:
                         f"sequences, {document_count} document boundaries) needs {expected}"
                         f"{'' if multimodal else f' (or {expected + trailer} with modes)'}"
                     )
-                # mmap duplicates the descriptor, so the file object can be closed right away
-                self._mapping = mmap_module.mmap(stream.fileno(), 0, access=mmap_module.ACCESS_READ)
+                # the map keeps no descriptor: the file is closed on leaving this block
+                self._mapping = map_readonly(stream.fileno(), file_size, idx_path)
         except FileNotFoundError:
             raise FileNotFoundError(errno.ENOENT, f"index file not found: {idx_path}") from None
+        except OSError as error:
+            limit = resource_error(error, idx_path)
+            if limit is None:
+                raise
+            raise limit from error
 
         offset = HEADER_SIZE
         self.sequence_lengths = numpy.frombuffer(

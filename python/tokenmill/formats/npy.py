@@ -11,52 +11,121 @@ PermissionError (problems of the path, not of the contents) through unchanged.
 from __future__ import annotations
 
 import os
+import re
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from tokenmill.errors import DataFormatError
+from tokenmill.common.mapping import map_readonly, resource_error
+from tokenmill.errors import DataFormatError, ResourceLimitError
+from tokenmill.formats.validate import check_npy_extent
 
 __all__ = ["load_npy"]
 
-_SMALL_FILE = 4096
+READ_BELOW = 1 << 16
+"""Arrays of at most this many bytes are read into memory instead of mapped: a map costs a
+kernel map slot (vm.max_map_count) for the life of the array, and a blend of thousands of sources
+holds thousands of small cached arrays. Larger arrays are mapped (reading them would copy what a
+sample may never touch)."""
+
+
+# The header numpy.save writes for a plain dtype: parsed with one regex, because numpy's
+# general parser (ast.literal_eval) costs more than the rest of opening a small cached array.
+_PLAIN = re.compile(
+    rb"\{'descr': '(?P<descr>[<>|=][a-zA-Z]\d+)', 'fortran_order': (?P<fortran>True|False), "
+    rb"'shape': \((?P<shape>|\d+,|\d+(?:, \d+)+)\), \} *\n"
+)
+
+
+def _fast_header(head: bytes) -> tuple[tuple[int, ...], bool, np.dtype[Any], int] | None:
+    """The header of a version 1.0 file with a plain dtype, or None for anything else."""
+    if len(head) < 10 or head[:8] != b"\x93NUMPY\x01\x00":
+        return None
+    end = 10 + int.from_bytes(head[8:10], "little")
+    match = _PLAIN.fullmatch(head[10:end])
+    if match is None:
+        return None
+    shape = tuple(int(n) for n in match["shape"].split(b",") if n.strip())
+    dtype = np.dtype(match["descr"].decode("ascii"))
+    if dtype.hasobject:
+        return None
+    return shape, match["fortran"] == b"True", dtype, end
+
+
+def _header(stream: Any, path: str) -> tuple[tuple[int, ...], bool, np.dtype[Any], int]:
+    version = np.lib.format.read_magic(stream)
+    if version == (1, 0):
+        shape, fortran, dtype = np.lib.format.read_array_header_1_0(stream)
+    elif version in ((2, 0), (3, 0)):
+        shape, fortran, dtype = np.lib.format.read_array_header_2_0(stream)
+    else:
+        raise ValueError(f"unsupported .npy version {version}")
+    if dtype.hasobject:
+        raise ValueError(f"object dtype {dtype} cannot be loaded without pickle")
+    return tuple(int(n) for n in shape), bool(fortran), dtype, stream.tell()
 
 
 def load_npy(path: str | os.PathLike[str]) -> npt.NDArray[Any]:
-    """Memory-map a ``.npy`` file read-only (pickled object arrays are refused).
-
-    Files numpy cannot map (an empty array) are read instead, if they are small.
+    """A read-only ``.npy`` array (pickled object arrays are refused): memory-mapped when larger
+    than :data:`READ_BELOW` bytes, read otherwise. No file descriptor stays open either way (see
+    `tokenmill.common.mapping`).
 
     Raises:
         FileNotFoundError: no such file.
         PermissionError: the file cannot be opened.
+        ResourceLimitError: out of descriptors or memory maps (the message names the limit).
         DataFormatError: anything else: bad magic, malformed header, object dtype, a file shorter
             than its header's shape, or a header describing an impossible array.
     """
     path = os.fspath(path)
-    array: Any  # np.load returns an NpzFile for a zip archive
     try:
-        try:
-            array = np.load(path, mmap_mode="r", allow_pickle=False)
-        except ValueError:
-            # numpy cannot map an empty array; such files are tiny, so read them instead.
-            if os.path.getsize(path) > _SMALL_FILE:
-                raise
-            array = np.load(path, allow_pickle=False)
-    except (FileNotFoundError, PermissionError):
+        descriptor = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    except OSError as error:
+        limit = resource_error(error, path)
+        if limit is not None:
+            raise limit from error
         raise
+    try:
+        # raw descriptor calls (open, pread, [fstat, mmap,] close): a Python file object adds
+        # four system calls per file, and a blend opens thousands of these
+        head = os.pread(descriptor, 256, 0)
+        fast = _fast_header(head)
+        if fast is None:
+            with open(descriptor, "rb", closefd=False) as stream:
+                fast = _header(stream, path)
+        shape, fortran, dtype, offset = fast
+        count = 1
+        for extent in shape:
+            count *= extent
+        nbytes = count * dtype.itemsize
+        header_end = head[offset - 1 : offset] if offset <= len(head) else None
+        if header_end is None:
+            header_end = os.pread(descriptor, 1, offset - 1)
+        if nbytes <= READ_BELOW:
+            # one byte more than the data: a file longer than header + data is refused too
+            data = os.pread(descriptor, nbytes + 1, offset)
+            check_npy_extent(path, header_end, offset, nbytes, offset + len(data), shape, dtype)
+            flat = np.frombuffer(data, dtype=dtype, count=count)
+        else:
+            size = os.fstat(descriptor).st_size
+            check_npy_extent(path, header_end, offset, nbytes, size, shape, dtype)
+            mapping = map_readonly(descriptor, offset + nbytes, path)
+            flat = np.frombuffer(mapping, dtype=dtype, count=count, offset=offset)
+    except (FileNotFoundError, PermissionError, ResourceLimitError, DataFormatError):
+        raise
+    except OSError as error:
+        limit = resource_error(error, path, "read")
+        if limit is not None:
+            raise limit from error
+        raise DataFormatError(f"{path}: not a valid .npy file ({error})") from error
     except Exception as error:  # numpy's header parser raises many types; see the docstring
         raise DataFormatError(
             f"{path}: not a valid .npy file ({type(error).__name__}: {error})"
         ) from error
-    if not isinstance(array, np.ndarray):
-        close = getattr(array, "close", None)  # an .npz archive holds an open file
-        if close is not None:
-            close()
-        raise DataFormatError(f"{path}: not a .npy array file (got {type(array).__name__})")
-    from tokenmill.formats.validate import check_npy_extent
-
-    check_npy_extent(path, array)
+    finally:
+        os.close(descriptor)
+    array = flat.reshape(shape[::-1]).T if fortran else flat.reshape(shape)
+    array.flags.writeable = False
     result: npt.NDArray[Any] = array
     return result

@@ -193,33 +193,36 @@ def check_bos_index_consistency(
         )
 
 
-def check_npy_extent(path: str, array: npt.NDArray[Any]) -> None:
-    """Check that a mapped ``.npy`` file is exactly its header plus its data.
+def check_npy_extent(
+    path: str,
+    header_end: bytes,
+    offset: int,
+    nbytes: int,
+    size: int,
+    shape: tuple[int, ...],
+    dtype: Any,
+) -> None:
+    """Check that a ``.npy`` file is exactly its header plus its data.
 
     Args:
         path: the file, for messages.
-        array: what ``numpy.load(path, mmap_mode="r")`` returned (a memmap with ``offset``).
+        header_end: the byte before `offset` (numpy ends every header with a newline).
+        offset: where the data starts (the header's length field).
+        nbytes: the data's size from the header's shape and dtype.
+        size: the file's size (or, for a read file, what a read of `nbytes + 1` reached).
+        shape, dtype: the header's, for messages.
 
     Raises:
         DataFormatError: the header does not end with a newline where its length field says,
-            or the file is longer than header + data.
+            or the file is shorter or longer than header + data.
     """
-    offset = getattr(array, "offset", None)
-    if offset is None:
-        return  # read, not mapped (tiny files): numpy checked the length itself
-    import os
-
-    size = os.path.getsize(path)
-    with open(path, "rb") as stream:
-        stream.seek(offset - 1)
-        last = stream.read(1)
-    if last != b"\n":
+    if header_end != b"\n":
         raise DataFormatError(
             f"{path}: the .npy header (length field) ends at byte {offset} without the newline "
             "numpy writes; the header length field is corrupt"
         )
-    if offset + array.nbytes != size:
+    if offset + nbytes != size:
         raise DataFormatError(
-            f"{path}: the .npy header says {array.nbytes} data bytes from byte {offset} (shape "
-            f"{tuple(array.shape)}, dtype {array.dtype}) but the file is {size} bytes"
+            f"{path}: the .npy header says {nbytes} data bytes from byte {offset} (shape "
+            f"{tuple(shape)}, dtype {dtype}) but the file is {size} bytes"
         )

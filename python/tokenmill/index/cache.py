@@ -7,18 +7,28 @@ index array, written with ``numpy.save``.
 Beyond megatron-core:
 
 * every file is written to a temporary name in the same directory and renamed into place; the
-  description is renamed last, so a crash leaves no description and the next run sees a miss
-  (and removes the killed writer's temporary files);
-* writers hold an exclusive ``fcntl`` lock on ``<base>.lock`` and re-check for a hit once they
-  have it, so two jobs sharing a directory build once and never interleave writes;
+  description is renamed last (the commit point), so a crash leaves no description and the next
+  run sees a miss. Committed files are never deleted, and a rebuild renames identical bytes over
+  them (the build is deterministic). Temporary files name their writer (host and pid) and are
+  removed only when provably abandoned (`tokenmill.common.owner`), by one directory scan per
+  process, never one per entry;
+* a builder takes an exclusive ``fcntl`` lock on ``.<base>.lock`` (removed again on release) and
+  re-checks for a hit once it has it, so builders sharing a directory usually build once. The
+  lock only saves duplicate work: where locks fail (``ENOLCK``) or are node-local, racing
+  builders each build and rename the same bytes, and every reader still sees a whole entry;
 * a hit requires the description to match byte for byte and each array to have the dtype and
   shape the caller expects; anything else is reported as a problem (the builder rebuilds, other
-  ranks raise CacheError) instead of being used;
+  ranks raise CacheError) instead of being used. Running out of descriptors or maps raises
+  ResourceLimitError (naming the limit) instead: a valid entry is never rebuilt for that;
 * a hit also requires the data to be the data the entry was built from: a fingerprint of every
   `.bin`/`.idx` (size, mtime, sampled contents) is written beside the entry as
-  ``<base>-data.tokenmill.json`` before the description, and compared on every load
+  ``<base>-data.tokenmill.json`` before the description, and compared when the builder loads
   (`tokenmill.index.fingerprint`; the ``cache_data_check`` policy says whether a stale entry is
   rebuilt or raises StaleCacheError, or whether, as in megatron-core, nothing is checked).
+  Ranks that do not build trust the builder's verdict (:func:`trusting_builder`) and open an
+  entry with a constant number of filesystem calls, whatever the number and size of its data.
+
+The protocol (write order, what a reader trusts) is in docs/cache-protocol.md.
 
 Offline tools (``tokenmill build-cache``) watch every cache access through :func:`cache_session`:
 a session records each entry that was hit, built or found invalid (or stale), and in
@@ -29,6 +39,7 @@ over a whole blend can go on and list every problem.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import logging
 import os
@@ -43,7 +54,9 @@ import numpy as np
 import numpy.typing as npt
 
 from tokenmill.common.atomic import AtomicFile, atomic_write_text
-from tokenmill.errors import CacheError, DataFormatError, StaleCacheError
+from tokenmill.common.mapping import resource_error
+from tokenmill.common.owner import is_abandoned
+from tokenmill.errors import CacheError, DataFormatError, ResourceLimitError, StaleCacheError
 from tokenmill.formats.npy import load_npy
 from tokenmill.index import cache_checks
 from tokenmill.index import fingerprint as data_fingerprint
@@ -57,7 +70,9 @@ __all__ = [
     "CacheSession",
     "IndexCache",
     "atomic_save_npy",
+    "builders_verified",
     "cache_session",
+    "trusting_builder",
 ]
 
 
@@ -137,6 +152,63 @@ _SESSION: CacheSession | None = None
 _SESSION_LOCK = threading.Lock()
 
 
+# How many callers currently construct datasets on a rank that does not build, after the
+# builders reported success (a process-wide count, for the same reason as _SESSION).
+_TRUSTING = 0
+# Directories whose abandoned temporary files this process has already looked for.
+_SWEPT: set[Path] = set()
+
+
+@contextlib.contextmanager
+def trusting_builder() -> Iterator[None]:
+    """Within the block, ranks that do not build skip the data fingerprint of each entry: the
+    cache-building ranks checked (or rebuilt) it and said so through a collective
+    (`tokenmill.common.distributed.build_then_share`). Their open is then a constant number of
+    filesystem calls per entry."""
+    global _TRUSTING
+    with _SESSION_LOCK:
+        _TRUSTING += 1
+    try:
+        yield
+    finally:
+        with _SESSION_LOCK:
+            _TRUSTING -= 1
+
+
+def builders_verified() -> bool:
+    """Whether this thread of work runs inside :func:`trusting_builder` (a rank that does not
+    build, after the builders reported success): their checks of the data need not run again."""
+    return _TRUSTING > 0
+
+
+def _read_prefix(path: Path, size: int) -> str:
+    """The first `size` bytes of `path` as UTF-8, in three system calls (open, pread, close)."""
+    descriptor = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    try:
+        return os.pread(descriptor, size, 0).decode("utf-8")
+    finally:
+        os.close(descriptor)
+
+
+def _sweep_abandoned(directory: Path) -> None:
+    """Remove the temporary files in `directory` that provably have no live writer, once per
+    process and directory (a directory scan per entry made cold starts quadratic)."""
+    with _SESSION_LOCK:
+        if directory in _SWEPT:
+            return
+        _SWEPT.add(directory)
+    try:
+        with os.scandir(directory) as entries:
+            for entry in entries:
+                if not (entry.name.startswith(".") and entry.name.endswith(".tmp")):
+                    continue
+                with contextlib.suppress(OSError):
+                    if is_abandoned(entry.name, entry.stat(follow_symlinks=False).st_mtime):
+                        os.unlink(entry.path)
+    except OSError as error:  # best effort: leftovers are hidden and harmless
+        logger.debug("cannot sweep %s for abandoned temporary files: %s", directory, error)
+
+
 @contextlib.contextmanager
 def cache_session(session: CacheSession) -> Iterator[CacheSession]:
     """Make `session` observe (and, with check_only, prevent) every cache write in the block.
@@ -164,6 +236,8 @@ class IndexCache:
     base: str
     description: str
     array_names: tuple[str, ...]
+    # file paths by suffix, built once (pathlib joins cost more than the rest of a warm open)
+    _paths: dict[str, Path] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def create(
@@ -185,7 +259,10 @@ class IndexCache:
         return cls(Path(location), base, description, tuple(array_names))
 
     def path(self, suffix: str) -> Path:
-        return self.directory / f"{self.base}-{suffix}"
+        found = self._paths.get(suffix)
+        if found is None:
+            found = self._paths[suffix] = self.directory / f"{self.base}-{suffix}"
+        return found
 
     @property
     def description_path(self) -> Path:
@@ -218,16 +295,26 @@ class IndexCache:
 
         Returns:
             (arrays, []) on a valid hit, or (None, problems) naming each missing or bad file.
+
+        Raises:
+            ResourceLimitError: out of descriptors or memory maps (the files may be valid).
         """
         problems: list[str] = []
         if check_description:
             try:
-                found = self.description_path.read_text(encoding="utf-8")
+                found = _read_prefix(self.description_path, len(self.description.encode()) + 1)
                 if found != self.description:
                     problems.append(f"{self.description_path}: description differs from config")
             except FileNotFoundError:
-                problems.append(f"{self.description_path}: missing")
-            except (OSError, UnicodeDecodeError) as error:
+                # not committed (or never written): the arrays cannot make it a hit, and a cold
+                # start should not pay three more failing opens per entry to say so
+                return None, [f"{self.description_path}: missing"]
+            except OSError as error:
+                limit = resource_error(error, str(self.description_path))
+                if limit is not None:
+                    raise limit from error
+                problems.append(f"{self.description_path}: unreadable ({error})")
+            except UnicodeDecodeError as error:
                 problems.append(f"{self.description_path}: unreadable ({error})")
         arrays: dict[str, npt.NDArray[Any]] = {}
         for name in self.array_names:
@@ -237,6 +324,8 @@ class IndexCache:
             except FileNotFoundError:
                 problems.append(f"{path}: missing")
                 continue
+            except ResourceLimitError:
+                raise  # the file may be fine: never a reason to rebuild
             except (OSError, DataFormatError) as error:
                 problems.append(f"{path}: unreadable or truncated ({error})")
                 continue
@@ -258,38 +347,57 @@ class IndexCache:
 
     @contextlib.contextmanager
     def locked(self) -> Iterator[None]:
-        """Hold an exclusive lock on this cache entry (blocks while another writer holds it)."""
+        """Hold an exclusive lock on this cache entry if the filesystem gives one (blocks while
+        another writer holds it). Best effort: the protocol is correct without it, so a lock
+        that fails (ENOLCK, EOPNOTSUPP, ...) means possibly duplicate work, never an error. The
+        lock file is removed on release (a waiter then holds a lock on a removed file, and may
+        build a second time: harmless), so entries leave no lock files behind."""
         self.directory.mkdir(parents=True, exist_ok=True)
-        with (self.directory / f".{self.base}.lock").open("a") as handle:
-            fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+        lock_path = self.directory / f".{self.base}.lock"
+        try:
+            handle = lock_path.open("a")
+        except OSError as error:
+            limit = resource_error(error, str(lock_path))
+            if limit is not None:
+                raise limit from error
+            logger.info("building %s without a lock (%s)", self.base, error)
+            yield
+            return
+        with handle:
+            try:
+                fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+            except OSError as error:
+                logger.info(
+                    "building %s without a lock: %s (locks only save duplicate work)",
+                    self.base,
+                    errno.errorcode.get(error.errno or 0, error),
+                )
+                try:
+                    yield
+                finally:
+                    with contextlib.suppress(OSError):
+                        lock_path.unlink()
+                return
             try:
                 yield
             finally:
-                fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
-
-    def _remove_leftovers(self) -> None:
-        """Delete temporary files of this entry left by a killed writer (call under the lock:
-        every live writer of the entry holds it, so any temporary file found is abandoned)."""
-        for path in self.directory.glob(f".{self.base}-*.tmp"):
-            with contextlib.suppress(FileNotFoundError):
-                path.unlink()
+                with contextlib.suppress(OSError):
+                    lock_path.unlink()
+                with contextlib.suppress(OSError):
+                    fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
 
     def save(
         self,
         arrays: Mapping[str, npt.NDArray[Any]],
         fingerprint: Mapping[str, Any] | None = None,
     ) -> None:
-        """Write every array, the data fingerprint (or remove an old one), then the description
-        (the commit point), each atomically."""
+        """Write every array, then the data fingerprint, then the description (the commit point),
+        each atomically (temporary name + rename). Nothing committed is deleted first: a
+        concurrent builder renames the same bytes, and a reader that opened a file keeps it."""
         self.directory.mkdir(parents=True, exist_ok=True)
-        with contextlib.suppress(FileNotFoundError):
-            self.description_path.unlink()
         for name in self.array_names:
             atomic_save_npy(self.array_path(name), arrays[name])
-        if fingerprint is None:
-            with contextlib.suppress(FileNotFoundError):
-                self.fingerprint_path.unlink()
-        else:
+        if fingerprint is not None:
             data_fingerprint.write_fingerprint(self.fingerprint_path, fingerprint)
         atomic_write_text(self.description_path, self.description)
 
@@ -330,7 +438,9 @@ class IndexCache:
         session = _SESSION
         check_only = session is not None and session.check_only
         started = time.perf_counter()
-        checking = data_check != "off" and len(data_prefixes) > 0
+        # a rank that does not build trusts the builders' verdict when it has one
+        trusted = not may_build and _TRUSTING > 0
+        checking = data_check != "off" and len(data_prefixes) > 0 and not trusted
 
         def record(built: bool, saved: bool, problems: Sequence[str]) -> None:
             if session is not None:
@@ -419,7 +529,7 @@ class IndexCache:
     ) -> dict[str, npt.NDArray[Any]]:
         """Build the arrays and write the entry (call under the lock), fingerprinting
         `data_prefixes` first: data that changes during the build is then seen as stale."""
-        self._remove_leftovers()
+        _sweep_abandoned(self.directory)
         fingerprint = (
             data_fingerprint.fingerprint_prefixes(data_prefixes) if data_prefixes else None
         )

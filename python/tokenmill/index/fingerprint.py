@@ -32,10 +32,12 @@ Public API (used by the dataset caches and by ``tokenmill build-cache --check``)
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
-from collections.abc import Iterable, Mapping
+import threading
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from tokenmill.common.atomic import AtomicFile
@@ -52,6 +54,7 @@ __all__ = [
     "differences",
     "fingerprint_file",
     "fingerprint_prefixes",
+    "once_per_file",
     "read_fingerprint",
     "stale_reasons",
     "write_fingerprint",
@@ -97,6 +100,42 @@ def fingerprint_file(path: str | os.PathLike[str]) -> dict[str, Any]:
     }
 
 
+# The fingerprints taken inside `once_per_file` blocks (None outside them). A blend's entry
+# names every member's files, so without it a blend of S sources fingerprints 2S files again for
+# each of its entries after each member's own entry did.
+_MEMO: dict[str, dict[str, Any]] | None = None
+_MEMO_DEPTH = 0
+_MEMO_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def once_per_file() -> Iterator[None]:
+    """Within the block (one dataset build), fingerprint each data file at most once; the data
+    is assumed not to change during the build (a change is seen by the next build)."""
+    global _MEMO, _MEMO_DEPTH
+    with _MEMO_LOCK:
+        _MEMO_DEPTH += 1
+        if _MEMO is None:
+            _MEMO = {}
+    try:
+        yield
+    finally:
+        with _MEMO_LOCK:
+            _MEMO_DEPTH -= 1
+            if _MEMO_DEPTH == 0:
+                _MEMO = None
+
+
+def _fingerprint_once(path: str) -> dict[str, Any]:
+    memo = _MEMO
+    if memo is None:
+        return fingerprint_file(path)
+    found = memo.get(path)
+    if found is None:
+        found = memo[path] = fingerprint_file(path)
+    return dict(found)
+
+
 def fingerprint_prefixes(prefixes: Iterable[str]) -> dict[str, Any]:
     """The fingerprint payload of the ``.bin`` and ``.idx`` of each dataset prefix.
 
@@ -104,7 +143,7 @@ def fingerprint_prefixes(prefixes: Iterable[str]) -> dict[str, Any]:
         FileNotFoundError: a data file does not exist.
     """
     datasets = {
-        prefix: {suffix: fingerprint_file(prefix + suffix) for suffix in DATA_SUFFIXES}
+        prefix: {suffix: _fingerprint_once(prefix + suffix) for suffix in DATA_SUFFIXES}
         for prefix in prefixes
     }
     return {"format": FORMAT, "version": VERSION, "datasets": datasets}

@@ -1,0 +1,115 @@
+"""Read-only memory maps that keep no file descriptor, and resource exhaustion named as such.
+
+Why not ``mmap.mmap`` or ``numpy.memmap``: before Python 3.13 (``trackfd=False``) the ``mmap``
+module duplicates the descriptor it maps and keeps the duplicate open for the life of the map, so
+every mapped file costs a descriptor until its arrays die. A blend of 10,000 sources then needs
+tens of thousands of descriptors and fails under the common ``ulimit -n 1024``. A map does not need
+its descriptor once it exists, so :func:`map_readonly` maps with ``mmap(2)`` (through ctypes on
+Python < 3.13) and lets the caller close the descriptor at once; the map is unmapped when the last
+array viewing it is freed.
+
+:func:`resource_error` turns the ``OSError`` of an ``open``/``mmap`` that failed for lack of
+descriptors or map slots into :class:`~tokenmill.errors.ResourceLimitError`, whose message names
+the limit to raise, so callers never mistake it for a missing or corrupt file.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import mmap
+import os
+import sys
+import weakref
+from typing import Any
+
+from tokenmill.errors import ResourceLimitError
+
+__all__ = ["map_readonly", "resource_error"]
+
+_LIMITS = {
+    errno.EMFILE: "too many open files in this process: raise the descriptor limit (ulimit -n)",
+    errno.ENFILE: "too many open files on this machine: raise fs.file-max (sysctl)",
+    errno.ENOMEM: (
+        "no memory map available: raise vm.max_map_count (sysctl; the default 65530 caps a "
+        "process near 65,000 maps) or the address-space limit (ulimit -v)"
+    ),
+    errno.EAGAIN: "the kernel refused to lock or map more memory (ulimit -l / ulimit -v)",
+}
+
+
+def resource_error(error: OSError, path: str, what: str = "open") -> ResourceLimitError | None:
+    """The ResourceLimitError that `error` (from opening or mapping `path`) stands for, or None
+    when it is not a resource limit (a missing or unreadable file is the caller's business).
+
+    EPERM from ``mmap`` (a filesystem that refuses shared maps, e.g. WekaFS in some setups) is
+    reported too, as a refusal to map rather than a damaged file.
+    """
+    code = error.errno
+    if code in _LIMITS:
+        reason = _LIMITS[code]
+    elif code == errno.EPERM and what == "map":
+        reason = (
+            "the filesystem refused a shared read-only memory map (EPERM): copy the data to a "
+            "filesystem that supports mmap, or read without maps (mmap_bin_files=False)"
+        )
+    else:
+        return None
+    limit = ResourceLimitError(code, f"cannot {what} {path}: {reason} ({os.strerror(code)})")
+    limit.filename = path
+    return limit
+
+
+if sys.version_info >= (3, 13):
+
+    def _map(descriptor: int, length: int) -> Any:
+        return mmap.mmap(descriptor, length, access=mmap.ACCESS_READ, trackfd=False)
+
+else:
+    _libc = ctypes.CDLL(None, use_errno=True)
+    _libc.mmap.restype = ctypes.c_void_p
+    _libc.mmap.argtypes = [
+        ctypes.c_void_p,
+        ctypes.c_size_t,
+        ctypes.c_int,
+        ctypes.c_int,
+        ctypes.c_int,
+        ctypes.c_int64,
+    ]
+    _libc.munmap.restype = ctypes.c_int
+    _libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    _MAP_FAILED = ctypes.c_void_p(-1).value
+
+    def _map(descriptor: int, length: int) -> Any:
+        address = _libc.mmap(None, length, mmap.PROT_READ, mmap.MAP_SHARED, descriptor, 0)
+        if address is None or address == _MAP_FAILED:
+            code = ctypes.get_errno()
+            raise OSError(code, os.strerror(code))
+        buffer = (ctypes.c_ubyte * length).from_address(address)
+        # unmapped when the last view (numpy array, memoryview) of the buffer is gone
+        weakref.finalize(buffer, _libc.munmap, address, length)
+        return buffer
+
+
+def map_readonly(descriptor: int, length: int, path: str = "") -> memoryview:
+    """A read-only map of the first `length` bytes of the open file `descriptor`.
+
+    The descriptor may be closed as soon as this returns; the map lives as long as the returned
+    view or any array made from it (``numpy.frombuffer``).
+
+    Raises:
+        ResourceLimitError: the process or machine is out of maps or address space (the message
+            names the limit to raise), or the filesystem refuses maps (EPERM).
+        OSError: any other failure of ``mmap``.
+        ValueError: `length` is not positive (an empty file cannot be mapped).
+    """
+    if length <= 0:
+        raise ValueError(f"cannot map {length} bytes of {path or descriptor}")
+    try:
+        buffer = _map(descriptor, length)
+    except OSError as error:
+        limit = resource_error(error, path or f"descriptor {descriptor}", "map")
+        if limit is not None:
+            raise limit from error
+        raise
+    return memoryview(buffer).cast("B").toreadonly()

@@ -1,0 +1,256 @@
+"""The index-cache protocol without a working lock (docs/cache-protocol.md), and resource
+exhaustion reported as such: committed files are never removed, live writers' temporary files
+are never touched, a failing lock only means duplicate work, and no lock file is left behind."""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from test_stale_data import arrays, assert_same_arrays, build, fresh_reference, make_config
+from tokenmill.common import owner
+from tokenmill.datasets.utils import Split
+from tokenmill.errors import ResourceLimitError
+from tokenmill.formats.npy import READ_BELOW, load_npy
+from tokenmill.index import cache as cache_module
+
+from conftest import random_documents, write_megatron_shard
+
+pytestmark = pytest.mark.filterwarnings("ignore::tokenmill.errors.PerformanceWarning")
+
+
+@pytest.fixture
+def shard(tmp_path: Path) -> str:
+    rng = np.random.default_rng(3)
+    return write_megatron_shard(tmp_path / "corpus", random_documents(rng, 200))
+
+
+@pytest.fixture(autouse=True)
+def fresh_sweeps(monkeypatch: pytest.MonkeyPatch) -> None:
+    # each test's directories are new, but the once-per-process sweep memory is not
+    monkeypatch.setattr(cache_module, "_SWEPT", set())
+
+
+def forbid_builds(monkeypatch: pytest.MonkeyPatch) -> None:
+    def fail(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the entry was rebuilt")
+
+    monkeypatch.setattr("tokenmill.datasets.gpt.build_gpt_indices", fail)
+
+
+def test_an_entry_is_megatrons_files_plus_one_and_no_lock(shard: str, tmp_path: Path) -> None:
+    build(shard, make_config(tmp_path / "cache"))
+    names = sorted(p.name.split("-", 1)[1] for p in (tmp_path / "cache").iterdir())
+    assert names == [
+        "GPTDataset-train-data.tokenmill.json",
+        "GPTDataset-train-description.txt",
+        "GPTDataset-train-document_index.npy",
+        "GPTDataset-train-sample_index.npy",
+        "GPTDataset-train-shuffle_index.npy",
+    ]
+
+
+@pytest.mark.parametrize("code", [errno.ENOLCK, errno.EOPNOTSUPP])
+def test_a_failing_lock_means_building_without_it(
+    shard: str, tmp_path: Path, code: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def no_locks(descriptor: int, operation: int) -> None:
+        raise OSError(code, os.strerror(code))
+
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    built = build(shard, make_config(tmp_path / "cache"))
+    assert_same_arrays(built, fresh_reference(shard, tmp_path))
+    forbid_builds(monkeypatch)
+    assert_same_arrays(build(shard, make_config(tmp_path / "cache")), built)
+
+
+def test_racing_builders_never_remove_a_committed_file(
+    shard: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    first = build(shard, make_config(tmp_path / "cache"))
+    committed = {str(p) for p in (tmp_path / "cache").iterdir()}
+    removed: list[str] = []
+    real_unlink = os.unlink
+
+    def watch(path: str | os.PathLike[str], *args: object, **kwargs: object) -> None:
+        removed.append(os.fspath(path))
+        real_unlink(path, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "unlink", watch)
+    monkeypatch.setattr(Path, "unlink", lambda self, missing_ok=False: watch(self))
+    # a second builder that lost the race (no lock, the entry looked missing) writes it again
+    entry = first._cache
+    assert entry is not None
+    entry.save({name: np.asarray(a) for name, a in zip(entry.array_names, arrays(first))})
+    assert not committed & set(removed)
+    assert {str(p) for p in (tmp_path / "cache").iterdir()} == committed
+    forbid_builds(monkeypatch)
+    assert_same_arrays(build(shard, make_config(tmp_path / "cache")), first)
+
+
+def test_only_provably_abandoned_temporaries_are_removed(shard: str, tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    tag = owner.owner_tag()  # tm-<host>-<pid namespace>-<pid>
+    stem = tag.rsplit("-", 1)[0]
+    with subprocess.Popen([sys.executable, "-c", "pass"]) as gone:
+        pass
+    with subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]) as live:
+        try:
+            files = {
+                "dead": f".x-a.npy.{stem}-{gone.pid}.abc.tmp",
+                "live": f".x-b.npy.{stem}-{live.pid}.abc.tmp",
+                "other_host": f".x-c.npy.tm-elsewhere-1-{gone.pid}.abc.tmp",
+                "untagged": ".x-d.npy.abc123.tmp",
+                "old": f".x-e.npy.tm-elsewhere-1-{live.pid}.abc.tmp",
+            }
+            for name in files.values():
+                (cache / name).write_bytes(b"partial")
+            old = time.time() - owner.MAX_AGE - 60
+            os.utime(cache / files["old"], (old, old))
+            build(shard, make_config(cache))  # a miss: the builder sweeps the directory once
+            left = {p.name for p in cache.iterdir()}
+        finally:
+            live.kill()
+    assert files["dead"] not in left and files["old"] not in left
+    assert {files["live"], files["other_host"], files["untagged"]} <= left
+
+
+def test_running_out_of_descriptors_is_reported_and_never_rebuilds(
+    shard: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    build(shard, make_config(tmp_path / "cache"))
+    before = {p.name: p.stat().st_mtime_ns for p in (tmp_path / "cache").iterdir()}
+    real_open = os.open
+
+    def exhausted(path: str, *args: object, **kwargs: object) -> int:
+        if str(path).endswith(".npy"):
+            raise OSError(errno.EMFILE, os.strerror(errno.EMFILE), path)
+        return real_open(path, *args, **kwargs)  # type: ignore[arg-type]
+
+    forbid_builds(monkeypatch)
+    monkeypatch.setattr(os, "open", exhausted)
+    with pytest.raises(ResourceLimitError, match=r"ulimit -n") as raised:
+        build(shard, make_config(tmp_path / "cache"))
+    assert raised.value.errno == errno.EMFILE
+    monkeypatch.undo()
+    assert {p.name: p.stat().st_mtime_ns for p in (tmp_path / "cache").iterdir()} == before
+
+
+@pytest.mark.parametrize(
+    ("code", "limit"), [(errno.ENOMEM, "vm.max_map_count"), (errno.EPERM, "refused")]
+)
+def test_a_refused_map_is_reported_as_such(
+    tmp_path: Path, code: int, limit: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "big.npy"
+    np.save(path, np.arange(READ_BELOW // 8 + 10, dtype=np.int64))
+
+    def refuse(descriptor: int, length: int) -> object:
+        raise OSError(code, os.strerror(code))
+
+    monkeypatch.setattr("tokenmill.common.mapping._map", refuse)
+    with pytest.raises(ResourceLimitError, match=limit):
+        load_npy(path)
+
+
+def test_maps_keep_no_descriptor_under_a_low_descriptor_limit(tmp_path: Path) -> None:
+    """300 sources (a .bin and an .idx map each, plus a mapped cache array each) stay open in a
+    process limited to 64 descriptors; then, out of descriptors, opening one more names the
+    limit instead of calling the file corrupt."""
+    rng = np.random.default_rng(1)
+    prefix = write_megatron_shard(tmp_path / "shard", random_documents(rng, 50))
+    big = tmp_path / "big.npy"
+    np.save(big, np.arange(READ_BELOW // 8 + 10, dtype=np.int64))
+    code = textwrap.dedent(
+        f"""
+        import resource, os
+        resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
+        from tokenmill.formats.megatron import IndexedDataset
+        from tokenmill.formats.npy import load_npy
+        from tokenmill.errors import ResourceLimitError
+        held = [(IndexedDataset({prefix!r}), load_npy({str(big)!r})) for _ in range(300)]
+        assert all(int(d[len(d) - 1][-1]) >= 0 for d, _ in held)
+        spare = []
+        try:
+            while True:
+                spare.append(os.open(os.devnull, os.O_RDONLY))
+        except OSError:
+            pass
+        try:
+            load_npy({str(big)!r})
+        except ResourceLimitError as error:
+            print("LIMIT", error)
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert "LIMIT" in done.stdout and "ulimit -n" in done.stdout, done.stderr
+
+
+def test_a_rank_that_does_not_build_trusts_the_builders_verdict(
+    shard: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    built = build(shard, make_config(tmp_path / "cache"))
+    forbid_builds(monkeypatch)
+    monkeypatch.setattr("tokenmill.datasets.gpt.is_cache_builder", lambda scope: False)
+
+    def no_fingerprints(path: object) -> None:
+        raise AssertionError(f"{path} fingerprinted on a rank that does not build")
+
+    monkeypatch.setattr("tokenmill.index.fingerprint.fingerprint_file", no_fingerprints)
+
+    def no_scans(self: object) -> None:
+        raise AssertionError("the .idx scanned again on a rank that does not build")
+
+    monkeypatch.setattr("tokenmill.formats.megatron_index._IndexReader.validate", no_scans)
+    from tokenmill.datasets.gpt import GPTDataset
+
+    with cache_module.trusting_builder():
+        low_level = GPTDataset.build_low_level_dataset(shard, make_config(tmp_path / "cache"))
+        opened = GPTDataset(
+            low_level,
+            shard,
+            np.arange(len(low_level), dtype=np.int32),
+            300,
+            Split.train,
+            make_config(tmp_path / "cache"),
+        )
+    assert_same_arrays(opened, built)
+    # a DataLoader worker's copy does not fingerprint either
+    import pickle
+
+    copy = pickle.loads(pickle.dumps(opened))
+    assert copy[0]["tokens"].shape == opened[0]["tokens"].shape
+
+
+def test_a_blend_fingerprints_each_data_file_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tokenmill.datasets.builder import BlendedMegatronDatasetBuilder
+    from tokenmill.datasets.gpt import GPTDataset
+    from tokenmill.index import fingerprint
+
+    rng = np.random.default_rng(4)
+    prefixes = [
+        write_megatron_shard(tmp_path / f"s{i}", random_documents(rng, 60)) for i in range(4)
+    ]
+    calls: list[str] = []
+    real = fingerprint.fingerprint_file
+
+    def counting(path: str) -> dict[str, object]:
+        calls.append(str(path))
+        return real(path)
+
+    monkeypatch.setattr(fingerprint, "fingerprint_file", counting)
+    config = make_config(tmp_path / "cache", split="80,20,0", blend=(prefixes, [1, 2, 3, 4]))
+    BlendedMegatronDatasetBuilder(GPTDataset, [200, 20, 0], lambda: True, config).build()
+    assert sorted(calls) == sorted(p + s for p in prefixes for s in (".bin", ".idx"))
