@@ -86,8 +86,10 @@ else:
             code = ctypes.get_errno()
             raise OSError(code, os.strerror(code))
         buffer = (ctypes.c_ubyte * length).from_address(address)
-        # unmapped when the last view (numpy array, memoryview) of the buffer is gone
-        weakref.finalize(buffer, _libc.munmap, address, length)
+        # unmapped when the last view (numpy array, memoryview) of the buffer is gone; not at
+        # interpreter exit, where a daemon thread (a prefetcher) may still read it: the process
+        # ending unmaps everything anyway
+        weakref.finalize(buffer, _libc.munmap, address, length).atexit = False
         return buffer
 
 
