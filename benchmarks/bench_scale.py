@@ -242,7 +242,11 @@ def main() -> None:
     parser.add_argument("--workdir", default=None, help="default: a temporary directory")
     args = parser.parse_args()
 
+    from evidence import Evidence  # benchmarks/evidence.py, beside this script
+
     root = Path(args.workdir or tempfile.mkdtemp(prefix="bench_scale_"))
+    evidence = Evidence("scale")
+    every_run: list[dict[str, Any]] = []
     rows = []
     traces = []
     for count in sorted(set(args.sources) | set(args.strace)):
@@ -269,10 +273,11 @@ def main() -> None:
                     listing: str = listing,
                     samples: int = samples,
                     fd_limit: int | None = fd_limit,
+                    count: int = count,
                 ) -> Any:
                     if fresh:
                         shutil.rmtree(cache, ignore_errors=True)
-                    return run(
+                    result = run(
                         library,
                         listing,
                         cache,
@@ -282,6 +287,16 @@ def main() -> None:
                         args.timeout,
                         fd_limit,
                     )
+                    every_run.append(
+                        {
+                            "sources": count,
+                            "library": library,
+                            "phase": "cold" if fresh else role,
+                            "fd_limit": fd_limit,
+                            **result,
+                        }
+                    )
+                    return result
 
                 cold = best_of([once(True) for _ in range(args.repeat)])
                 warm = (
@@ -381,6 +396,20 @@ def main() -> None:
                     f"| {count:,} | {library} | {total:,} | {total / count:.1f} | {fs:,} | "
                     f"{fs / count:.1f} |"
                 )
+    evidence.write(
+        runs=every_run,
+        summary={
+            "time_to_first_sample": [
+                {"sources": count, "documents_per_source": per_source, "fd_limit": fd_limit,
+                 "best": measured}
+                for count, per_source, _, fd_limit, measured in rows
+            ],
+            "syscalls": [{"sources": count, "per_library": per} for count, per in traces],
+        },
+        documents=args.documents,
+        sequence_length=args.seq_length,
+        repeat=args.repeat,
+    )  # fmt: skip
     if not args.workdir:
         shutil.rmtree(root, ignore_errors=True)
 

@@ -232,6 +232,41 @@ def test_a_rank_that_does_not_build_trusts_the_builders_verdict(
     assert copy[0]["tokens"].shape == opened[0]["tokens"].shape
 
 
+def test_a_trusting_rank_skips_value_checks_but_not_the_structure(
+    shard: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tokenmill.datasets.gpt import GPTDataset
+    from tokenmill.errors import CacheError
+
+    built = build(shard, make_config(tmp_path / "cache"))
+    forbid_builds(monkeypatch)
+    monkeypatch.setattr("tokenmill.datasets.gpt.is_cache_builder", lambda scope: False)
+
+    def no_value_checks(*args: object, **kwargs: object) -> list[str]:
+        raise AssertionError("values checked again on a rank that trusts the builders")
+
+    def open_as_trusting_rank() -> GPTDataset:
+        with cache_module.trusting_builder():
+            low_level = GPTDataset.build_low_level_dataset(shard, make_config(tmp_path / "cache"))
+            return GPTDataset(
+                low_level,
+                shard,
+                np.arange(len(low_level), dtype=np.int32),
+                300,
+                Split.train,
+                make_config(tmp_path / "cache"),
+            )
+
+    with monkeypatch.context() as scoped:
+        scoped.setattr(cache_module.cache_checks, "value_problems", no_value_checks)
+        assert_same_arrays(open_as_trusting_rank(), built)
+    # what the builders cannot vouch for is still checked: a file replaced by one of another shape
+    (path,) = tmp_path.glob("cache/*-shuffle_index.npy")
+    np.save(path, np.arange(3, dtype=np.uint32))
+    with pytest.raises(CacheError, match=r"shuffle_index\.npy: shape"):
+        open_as_trusting_rank()
+
+
 def test_a_blend_fingerprints_each_data_file_once(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

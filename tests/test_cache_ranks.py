@@ -111,18 +111,18 @@ def _rank_main(job: dict[str, Any], rank: int) -> None:
     elif job["lock"] == "node_local":
         fcntl.flock = lambda descriptor, operation: None  # type: ignore[assignment]
     builder = distributed.local_rank() == 0 if job["scope"] == "node" else rank == 0
-    real_save = cache_module.atomic_save_npy
+    real_save = cache_module._npy_writer
     saves = [0]
     kill_at = job["kill_at"] if builder and rank in job["kill_ranks"] else None
 
-    def slow_save(path: Path, array: np.ndarray) -> None:
+    def slow_save(path: Path, array: np.ndarray) -> Any:
         time.sleep(rng.random() * 0.02)  # widen the windows in which builders interleave
         saves[0] += 1
         if kill_at is not None and saves[0] == kill_at:
             os.kill(os.getpid(), signal.SIGKILL)
-        real_save(path, array)
+        return real_save(path, array)
 
-    cache_module.atomic_save_npy = slow_save
+    cache_module._npy_writer = slow_save
     if job.get("fail") and builder:
 
         def broken(*args: Any, **kwargs: Any) -> Any:

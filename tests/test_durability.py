@@ -7,6 +7,7 @@ import stat
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -85,3 +86,132 @@ def test_files_get_the_mode_the_umask_gives(tmp_path: Path) -> None:
         check=True,
     ).stdout.split()  # fmt: skip
     assert output == ["0o640", "0o27"]
+
+
+@pytest.fixture
+def events(monkeypatch: pytest.MonkeyPatch, fsyncs: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """fsyncs (as in `fsyncs`) and renames ("rename", final name), in the order they happened."""
+    real_replace = os.replace
+
+    def recording_replace(source: str, target: str) -> None:
+        fsyncs.append(("rename", os.fspath(target)))
+        real_replace(source, target)
+
+    monkeypatch.setattr(os, "replace", recording_replace)
+    return fsyncs
+
+
+def test_commit_together_syncs_every_file_before_any_rename_and_the_directory_once(
+    tmp_path: Path, events: list[tuple[str, str]]
+) -> None:
+    files = []
+    for number in range(20):
+        file = AtomicFile(tmp_path / f"f{number}.txt")
+        file.stream.write(f"payload {number}".encode())
+        files.append(file)
+    atomic.commit_together(files)
+    kinds = [kind for kind, _ in events]
+    assert kinds == ["file"] * 20 + ["rename"] * 20 + ["dir"]
+    assert all(path.endswith(".tmp") for kind, path in events if kind == "file")
+    assert [path for kind, path in events if kind == "rename"] == [str(f.path) for f in files]
+    assert all((tmp_path / f"f{n}.txt").read_text() == f"payload {n}" for n in range(20))
+    assert not [name for name in os.listdir(tmp_path) if name.endswith(".tmp")]
+
+
+def test_commit_together_without_threads_is_the_same_commit(
+    tmp_path: Path, events: list[tuple[str, str]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def no_threads(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(atomic, "ThreadPoolExecutor", no_threads)
+    files = [AtomicFile(tmp_path / f"f{number}.txt") for number in range(3)]
+    atomic.commit_together(files)
+    assert [kind for kind, _ in events] == ["file"] * 3 + ["rename"] * 3 + ["dir"]
+
+
+def _entry(directory: Path, number: int) -> Any:
+    from tokenmill.index.cache import IndexCache
+
+    return IndexCache.create(
+        directory, f"{number:032x}", "GPTDataset", "train", f"entry {number}", ("a", "b")
+    )
+
+
+def test_deferred_commits_publish_the_batch_at_its_end_descriptions_last(
+    tmp_path: Path, events: list[tuple[str, str]]
+) -> None:
+    from tokenmill.index.cache import deferred_commits
+
+    entries = [_entry(tmp_path, number) for number in range(5)]
+    with deferred_commits():
+        for number, entry in enumerate(entries):
+            entry.save({"a": np.arange(number + 1), "b": np.zeros(3)})
+            # nothing is visible before the batch ends: no reader can take a partial batch
+            assert not [name for name in os.listdir(tmp_path) if not name.startswith(".")]
+        assert not events
+    renames = [path for kind, path in events if kind == "rename"]
+    assert len(renames) == 15
+    # every array before any description (the commit point), one directory fsync per round
+    assert all(path.endswith(".npy") for path in renames[:10])
+    assert all(path.endswith("-description.txt") for path in renames[10:])
+    assert [kind for kind, _ in events].count("dir") == 2
+    for number, entry in enumerate(entries):
+        arrays, problems = entry.load()
+        assert problems == [] and arrays is not None
+        np.testing.assert_array_equal(arrays["a"], np.arange(number + 1))
+    assert not [name for name in os.listdir(tmp_path) if name.endswith(".tmp")]
+
+
+def test_deferred_commits_keep_the_entries_completed_before_an_error(tmp_path: Path) -> None:
+    from tokenmill.index.cache import deferred_commits
+
+    first, second = _entry(tmp_path, 1), _entry(tmp_path, 2)
+
+    def batch_that_fails() -> None:
+        with deferred_commits():
+            first.save({"a": np.arange(4), "b": np.zeros(2)})
+            second.save({"a": np.arange(4)})  # "b" missing: fails while being written
+
+    with pytest.raises(KeyError):
+        batch_that_fails()
+    assert first.load()[0] is not None
+    assert not second.description_path.exists()
+    assert not [name for name in os.listdir(tmp_path) if name.endswith(".tmp")]
+
+
+def test_a_blend_build_fsyncs_in_rounds_not_per_file(
+    tmp_path: Path, events: list[tuple[str, str]]
+) -> None:
+    from tokenmill.datasets.builder import BlendedMegatronDatasetBuilder
+    from tokenmill.datasets.gpt import GPTDataset, GPTDatasetConfig
+
+    from conftest import TinyTokenizer, random_documents, write_megatron_shard
+
+    rng = np.random.default_rng(3)
+    shards = [
+        write_megatron_shard(tmp_path / f"shard{i}", random_documents(rng, 30, 60))
+        for i in range(12)
+    ]
+    events.clear()
+    config = GPTDatasetConfig(
+        random_seed=1,
+        sequence_length=16,
+        tokenizer=TinyTokenizer(),
+        blend=(shards, [1.0] * len(shards)),
+        split="100,0,0",
+        reset_position_ids=False,
+        reset_attention_mask=False,
+        eod_mask_loss=False,
+        create_attention_mask=False,
+        path_to_cache=str(tmp_path / "cache"),
+    )
+    BlendedMegatronDatasetBuilder(GPTDataset, [200, 0, 0], lambda: True, config).build()
+    renamed = [path for kind, path in events if kind == "rename"]
+    assert len([p for p in renamed if p.endswith("-description.txt")]) == 13  # 12 members + blend
+    # the members' 60 files are committed in two rounds (data, then descriptions), the blend's
+    # entry in two more: four directory fsyncs, however many sources
+    assert [kind for kind, _ in events].count("dir") == 4
+    first_description = next(i for i, (k, p) in enumerate(events) if p.endswith("description.txt"))
+    member_files = [i for i, (k, p) in enumerate(events) if k == "file"][:48]
+    assert max(member_files) < first_description

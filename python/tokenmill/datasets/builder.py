@@ -38,7 +38,7 @@ from tokenmill.datasets.utils import (
     split_bounds,
 )
 from tokenmill.errors import ResourceLimitError
-from tokenmill.index.cache import trusting_builder
+from tokenmill.index.cache import deferred_commits, trusting_builder
 from tokenmill.index.fingerprint import once_per_file
 
 __all__ = ["BlendedMegatronDatasetBuilder"]
@@ -346,7 +346,8 @@ class BlendedMegatronDatasetBuilder:
 
         def build_all(threads: int) -> list[list[Any]]:
             by_split: list[list[Any]] = [[] for _ in Split]
-            with ThreadPoolExecutor(max_workers=threads) as executor:
+            # every entry of the batch committed together: one round of fsyncs, not one per file
+            with deferred_commits(), ThreadPoolExecutor(max_workers=threads) as executor:
                 futures = [
                     executor.submit(
                         self._build_megatron_dataset_splits,

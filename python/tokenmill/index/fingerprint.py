@@ -223,13 +223,24 @@ def _validate(payload: Any, path: str) -> None:
                     )
 
 
-def write_fingerprint(path: str | os.PathLike[str], payload: Mapping[str, Any]) -> None:
-    """Write a fingerprint sidecar atomically (temporary file + rename)."""
+def fingerprint_writer(path: str | os.PathLike[str], payload: Mapping[str, Any]) -> AtomicFile:
+    """A fingerprint sidecar written under its temporary name, for the caller to commit (or
+    abort)."""
     _validate(payload, os.fspath(path))
     target = AtomicFile(path)
     try:
         text = json.dumps(payload, indent=1, sort_keys=True) + "\n"
         target.stream.write(text.encode("utf-8"))
+    except BaseException:
+        target.abort()
+        raise
+    return target
+
+
+def write_fingerprint(path: str | os.PathLike[str], payload: Mapping[str, Any]) -> None:
+    """Write a fingerprint sidecar atomically (temporary file + rename)."""
+    target = fingerprint_writer(path, payload)
+    try:
         target.commit()
     finally:
         target.abort()  # no-op after commit
