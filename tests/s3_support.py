@@ -85,6 +85,7 @@ class FaultProxy:
         self.lock = threading.Lock()
         self.requests = 0
         self.faults = 0
+        self.log: list[tuple[str, str]] = []  # (method, path with query) of every request
         self.hang_predicate: Any = None
         self._closing = threading.Event()
         proxy = self
@@ -96,6 +97,7 @@ class FaultProxy:
             def _handle(self) -> None:
                 with proxy.lock:
                     proxy.requests += 1
+                    proxy.log.append((self.command, self.path))
                     action = proxy.plan.popleft() if proxy.plan else ("forward", 0.0)
                     predicate = proxy.hang_predicate
                     if (
@@ -211,6 +213,11 @@ class FaultProxy:
         """Hang every request for which ``predicate(command, path, headers)`` is true."""
         with self.lock:
             self.hang_predicate = predicate
+
+    def listings(self) -> list[str]:
+        """The LIST requests (``GET /<bucket>?list-type=2&...``) seen so far."""
+        with self.lock:
+            return [path for method, path in self.log if method == "GET" and "list-type=2" in path]
 
     def close(self) -> None:
         self._closing.set()

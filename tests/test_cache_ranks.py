@@ -223,7 +223,10 @@ def _job(tmp_path: Path, shards: list[str], name: str, **fields: Any) -> dict[st
 
 
 def test_a_builders_error_is_raised_on_every_rank(tmp_path: Path, shards: list[str]) -> None:
-    job = _job(tmp_path, shards, "fail", fail=True, timeout=10)
+    # the group's timeout is a hang guard, not part of the test: a minute for ranks slowed by a
+    # loaded machine, and still inside HANG, so an error that is not shared ends in a timeout
+    # error on the waiting ranks (a failure below), not in a hang
+    job = _job(tmp_path, shards, "fail", fail=True, timeout=60)
     outcomes = _finish(job, _start(job))
     assert all(outcome is not None for outcome in outcomes.values())
     kinds = {(o["type"], o["message"].splitlines()[0]) for o in outcomes.values() if o}

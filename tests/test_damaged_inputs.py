@@ -317,6 +317,25 @@ def test_second_writer_gets_a_clear_error_and_stale_owners_are_taken_over(tmp_pa
     assert not Path(owner_path(prefix)).exists()
 
 
+def _pausing(resume: Path, after_parts: int) -> dict[str, str]:
+    """An environment in which `tokenize` stops after `after_parts` finished parts, creates
+    `<resume>.paused` and goes on once `resume` exists (tokenize's test hooks)."""
+    return {
+        **os.environ,
+        "TOKENMILL_TEST_PAUSE_AFTER_PARTS": str(after_parts),
+        "TOKENMILL_TEST_RESUME_FILE": str(resume),
+    }
+
+
+def _wait_until_paused(process: subprocess.Popen[str], resume: Path) -> None:
+    """Until the run reaches its pause (the deadline only turns a hang into a failure)."""
+    deadline = time.monotonic() + 600
+    while not Path(f"{resume}.paused").exists():
+        assert process.poll() is None, "the run ended before its pause"
+        assert time.monotonic() < deadline, "the run did not reach its pause"
+        time.sleep(0.02)
+
+
 @pytest.mark.parametrize("same_inputs", [False, True], ids=["different", "identical"])
 def test_two_tokenize_jobs_into_one_output(tmp_path: Path, same_inputs: bool) -> None:
     """One wins, the other fails with the clear error, the result equals a single run."""
@@ -331,22 +350,26 @@ def test_two_tokenize_jobs_into_one_output(tmp_path: Path, same_inputs: bool) ->
     command = [sys.executable, "-m", "tokenmill.cli.main", "tokenize"]
     output = tmp_path / "out"
     options = ["--output", str(output), "--workers", "0", "--chunk-mb", "0.001", "--quiet"]
-    slow = {**os.environ, "TOKENMILL_TEST_DELAY_AFTER_CHUNK": "0.05"}
+    # the first job stops after its part is written (a test hook) and goes on only once the
+    # second has run: they overlap whatever the load, no timer decides it
+    resume = tmp_path / "resume-first"
+    paused = _pausing(resume, after_parts=1)
     first = subprocess.Popen(
-        [*command, str(corpora[0]), *options], env=slow, text=True, stderr=subprocess.PIPE
+        [*command, str(corpora[0]), *options], env=paused, text=True, stderr=subprocess.PIPE
     )
-    deadline = time.monotonic() + 60
-    while not list(tmp_path.glob(".out.tokenmill-owner")):
-        assert first.poll() is None and time.monotonic() < deadline
-        time.sleep(0.02)
-    second = subprocess.run(
-        [*command, str(second_input), *options],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    _, first_err = first.communicate(timeout=120)
+    try:
+        _wait_until_paused(first, resume)
+        assert list(tmp_path.glob(".out.tokenmill-owner"))
+        second = subprocess.run(
+            [*command, str(second_input), *options],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            check=False,
+        )
+    finally:
+        resume.touch()
+    _, first_err = first.communicate(timeout=600)
     assert first.returncode == 0, first_err
     assert second.returncode == 1
     assert f"out is being written by another tokenmill (pid {first.pid}," in second.stderr
@@ -403,17 +426,18 @@ def test_killing_tokenize_leaves_no_live_worker(tmp_path: Path) -> None:
         "0.001",
         "--quiet",
     ]
-    slow = {**os.environ, "TOKENMILL_TEST_DELAY_AFTER_CHUNK": "0.05"}
-    process = subprocess.Popen(command, env=slow)
-    deadline = time.monotonic() + 60
-    workers: set[int] = set()
-    while len(workers) < 2:
-        assert process.poll() is None and time.monotonic() < deadline, "no workers started"
+    # the run stops after its part is written, its worker pool still up (a test hook): it is
+    # killed there, not after a timer that a loaded machine may outlast
+    resume = tmp_path / "never"
+    process = subprocess.Popen(command, env=_pausing(resume, after_parts=1), text=True)
+    try:
+        _wait_until_paused(process, resume)
         workers = _descendants(process.pid)
-        time.sleep(0.05)
-    process.send_signal(signal.SIGKILL)
+    finally:
+        process.send_signal(signal.SIGKILL)
+    assert len(workers) >= 2, "no workers started"
     process.wait(timeout=30)
-    deadline = time.monotonic() + 15
+    deadline = time.monotonic() + 60  # a hang guard: the loop ends when the workers are gone
     while any(_alive(pid) for pid in workers) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not [pid for pid in workers if _alive(pid)], "workers outlived their parent"
@@ -436,14 +460,16 @@ def test_sigterm_ends_tokenize_with_one_line_and_exit_130(tmp_path: Path) -> Non
         "0.001",
         "--quiet",
     ]
-    slow = {**os.environ, "TOKENMILL_TEST_DELAY_AFTER_CHUNK": "0.05"}
-    process = subprocess.Popen(command, env=slow, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 60
-    while not (tmp_path / "out.parts").exists():
-        assert process.poll() is None and time.monotonic() < deadline
-        time.sleep(0.02)
-    time.sleep(0.2)
-    process.send_signal(signal.SIGTERM)
+    # SIGTERM lands while the run is paused mid-way (a test hook), never after it finished
+    resume = tmp_path / "never"
+    process = subprocess.Popen(
+        command, env=_pausing(resume, after_parts=1), stderr=subprocess.PIPE, text=True
+    )
+    try:
+        _wait_until_paused(process, resume)
+        assert (tmp_path / "out.parts").exists()
+    finally:
+        process.send_signal(signal.SIGTERM)
     _, err = process.communicate(timeout=60)
     assert process.returncode == 130, err
     assert err.strip().count("\n") == 0 and "interrupted" in err

@@ -574,7 +574,9 @@ def test_killed_run_resumes_to_identical_output(tmp_path: Path, rank_file: Path)
         "--output", str(prefix), "--tokenizer", f"gigatoken:{rank_file}", "--threads", "2",
         "--chunk-mb", "0.001", "--quiet",
     ]  # fmt: skip
-    environment = {**os.environ, "TOKENMILL_TEST_DELAY_AFTER_CHUNK": "0.05"}
+    # the run stops after its second finished part (a test hook) and is killed there: a third
+    # part cannot slip in between the check below and the kill on a loaded machine
+    environment = {**os.environ, "TOKENMILL_TEST_PAUSE_AFTER_PARTS": "2"}
     process = subprocess.Popen(command, env=environment)
     parts = Path(f"{prefix}.parts")
     try:

@@ -141,21 +141,40 @@ def test_server_stopped_and_restarted_mid_read(
     server.start()
     try:
         use_endpoint(server.endpoint)  # type: ignore[operator]
-        patient = RetryPolicy(max_attempts=40, backoff_base=0.02, backoff_max=0.1)
+        # a budget far beyond any restart time: the restart waits for an event (the reader has
+        # failed and retried), not for a timer racing the reader on a loaded machine
+        patient = RetryPolicy(max_attempts=2000, backoff_base=0.01, backoff_max=0.05)
         config = ObjectStorageConfig(str(tmp_path / "cache"), bin_cache_nbytes=0, retry=patient)
         remote = IndexedDataset(remote_prefix, object_storage_config=config)
         local = IndexedDataset(local_prefix)
         for i in range(10):
             np.testing.assert_array_equal(remote[i], local[i])
+        client = remote.bin_reader.client
+        retried_before = client.stats.snapshot()["retries"]
+        reads_done = threading.Event()
+        restarted_after: list[int] = []
+
+        def restart_once_the_reader_retries() -> None:
+            while not reads_done.is_set():
+                retried = client.stats.snapshot()["retries"] - retried_before
+                if retried >= 2:  # the reader met the stopped server twice
+                    server.start()
+                    restarted_after.append(retried)
+                    return
+                time.sleep(0.005)
+
         server.stop()
-        restarter = threading.Timer(0.5, server.start)
+        restarter = threading.Thread(target=restart_once_the_reader_retries, daemon=True)
         restarter.start()
-        started = time.monotonic()
-        for i in range(10, len(local)):  # the first of these reads waits for the restart
-            np.testing.assert_array_equal(remote[i], local[i])
-        restarter.join()
-        assert time.monotonic() - started >= 0.4
-        assert remote.bin_reader.client.stats.snapshot()["retries"] > 0
+        try:
+            for i in range(10, len(local)):  # the first of these reads waits for the restart
+                np.testing.assert_array_equal(remote[i], local[i])
+        finally:
+            reads_done.set()
+            restarter.join()
+        # the reads failed while the server was down and went on once it was back
+        assert restarted_after and restarted_after[0] >= 2
+        assert client.stats.snapshot()["retries"] - retried_before >= restarted_after[0]
     finally:
         server.stop()
 

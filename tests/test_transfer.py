@@ -689,3 +689,238 @@ def test_remote_cache_locations(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     assert local_cache_directory("s3://a/b").startswith(str(tmp_path / "node"))
     with pytest.raises(ValueError, match=r"an http\(s\) cache location must be a manifest"):
         fetch_cache_entry("https://h/cache", "abc-GPTDataset-train")
+
+
+# -- an s3:// cache prefix is listed once per node -----------------------------------------------
+
+_OPEN_ENTRIES = """
+import json, sys
+from tokenmill.storage.remote_cache import fetch_cache_entry
+for base in json.loads(sys.argv[2]):
+    local = fetch_cache_entry(sys.argv[1], base, ["a", "b"])
+print(local)
+"""
+
+
+def _publish_entries(s3_bucket: Any, key_prefix: str, bases: list[str]) -> dict[str, bytes]:
+    """Cache-entry files (random bytes: fetching does not parse them) under `key_prefix`."""
+    rng = np.random.default_rng(len(bases))
+    published = {}
+    for base in bases:
+        for suffix in ("a.npy", "b.npy", "data.tokenmill.json", "description.txt"):
+            name = f"{base}-{suffix}"
+            published[name] = rng.integers(0, 256, int(rng.integers(1, 5000)), np.uint8).tobytes()
+            s3_bucket.put(f"{key_prefix}/{name}", published[name])
+    return published
+
+
+def _bases(count: int, first: int = 0) -> list[str]:
+    return [f"{i:032x}-GPTDataset-train" for i in range(first, first + count)]
+
+
+@pytest.fixture
+def s3_proxy(s3_bucket: Any) -> Iterator[Any]:
+    """A FaultProxy in front of the session's moto server: it counts every request."""
+    from s3_support import FaultProxy
+
+    proxy = FaultProxy(int(s3_bucket.service.endpoint.rsplit(":", 1)[1]))
+    yield proxy
+    proxy.close()
+
+
+def test_s3_cache_prefix_is_listed_once_per_node(
+    tmp_path: Path, s3_bucket: Any, s3_proxy: Any
+) -> None:
+    """Three processes of one node open six entries each: one LIST in all, each file fetched
+    once, byte-identical; then complete entries need no request at all."""
+    bases = _bases(6)
+    published = _publish_entries(s3_bucket, "run/cache", bases)
+    s3_bucket.put(f"run/cache/deeper/{bases[0]}-c.npy", b"not directly under the prefix")
+    s3_bucket.put(f"run/cache-other/{bases[0]}-c.npy", b"another prefix")
+    location = s3_bucket.url("run/cache")
+    node = tmp_path / "node"
+    environment = {
+        **os.environ,
+        "AWS_ENDPOINT_URL": s3_proxy.endpoint,
+        "TOKENMILL_CACHE_DIR": str(node),
+        "TOKENMILL_CACHE_LISTING_ID": "job-1",
+    }
+    absent = _bases(1, first=99)  # not in the bucket: left to the local builder
+
+    def run_processes(count: int, wanted: list[str]) -> list[str]:
+        processes = [
+            subprocess.Popen(
+                # each process opens the entries in another order
+                [
+                    sys.executable,
+                    "-c",
+                    _OPEN_ENTRIES,
+                    location,
+                    json.dumps(wanted[i:] + wanted[:i]),
+                ],
+                env=environment,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for i in range(count)
+        ]
+        outputs = [process.communicate(timeout=300) for process in processes]
+        for process, (_, error) in zip(processes, outputs):
+            assert process.returncode == 0, error
+        return [out.strip() for out, _ in outputs]
+
+    locals_ = run_processes(3, bases + absent)
+    assert len(set(locals_)) == 1
+    local = Path(locals_[0])
+    (listing,) = s3_proxy.listings()  # one LIST for 3 processes x 7 entries
+    assert "prefix=run%2Fcache%2F" in listing and "delimiter=%2F" in listing
+    with s3_proxy.lock:
+        heads = [path for method, path in s3_proxy.log if method == "HEAD"]
+    assert sorted(heads) == sorted(f"/{s3_bucket.name}/run/cache/{name}" for name in published)
+    committed = {p.name: p.read_bytes() for p in local.iterdir() if not p.name.startswith(".")}
+    assert committed == published  # byte-identical; nothing from below or beside the prefix
+    assert not [p.name for p in local.iterdir() if ".fetch.tm-" in p.name]
+    listing_files = list(local.glob(".listing-*.json"))
+    assert len(listing_files) == 1
+
+    # complete entries: no request at all, not even a LIST (the listing file is gone)
+    listing_files[0].unlink()
+    before = s3_proxy.requests
+    run_processes(2, bases)
+    assert s3_proxy.requests == before
+
+    # a new job lists again, once, and fetches only the entry missing on the node
+    (local / f"{bases[2]}-description.txt").unlink()
+    environment["TOKENMILL_CACHE_LISTING_ID"] = "job-2"
+    run_processes(2, bases)
+    assert len(s3_proxy.listings()) == 2
+    assert s3_proxy.requests == before + 1 + 2 * 4  # one LIST, a HEAD and a GET per file
+    committed = {p.name: p.read_bytes() for p in local.iterdir() if not p.name.startswith(".")}
+    assert committed == published
+
+
+def test_s3_cache_listing_freshness_and_no_lock(
+    tmp_path: Path, s3_bucket: Any, s3_proxy: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import errno as errno_module
+
+    from tokenmill.storage import remote_cache
+    from tokenmill.storage.s3 import S3Client, using_client
+
+    monkeypatch.setenv("TOKENMILL_CACHE_DIR", str(tmp_path / "node"))
+    monkeypatch.setenv("TOKENMILL_CACHE_LISTING_ID", "job-1")
+    monkeypatch.setattr(remote_cache, "_listings", {})
+    bases = _bases(4)
+    published = _publish_entries(s3_bucket, "c", bases[:2])
+    location = s3_bucket.url("c")
+    local = Path(remote_cache.local_cache_directory(location))
+
+    def fetch(base: str) -> None:
+        assert remote_cache.fetch_cache_entry(location, base, ["a", "b"]) == str(local)
+
+    def committed() -> dict[str, bytes]:
+        return {p.name: p.read_bytes() for p in local.iterdir() if not p.name.startswith(".")}
+
+    def no_lock(descriptor: int, operation: int) -> None:
+        raise OSError(errno_module.ENOLCK, "No locks available")
+
+    errors: list[BaseException] = []
+
+    def fetch_both(first: int) -> None:
+        try:
+            for j in range(2):
+                fetch(bases[(first + j) % 2])
+        except BaseException as error:  # re-raised in the test's thread
+            errors.append(error)
+
+    with using_client(S3Client(endpoint_url=s3_proxy.endpoint)):
+        # no working lock: four threads race for the same two entries; duplicate work at most,
+        # and every file committed whole
+        working_flock = remote_cache.fcntl.flock
+        monkeypatch.setattr(remote_cache.fcntl, "flock", no_lock)
+        threads = [threading.Thread(target=fetch_both, args=(i,)) for i in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        monkeypatch.setattr(remote_cache.fcntl, "flock", working_flock)
+        assert errors == []
+        assert committed() == published
+        assert 1 <= len(s3_proxy.listings()) <= 4
+        assert not [p for p in local.iterdir() if ".fetch.tm-" in p.name]
+        listed = len(s3_proxy.listings())
+
+        # an entry published after the listing is not seen (built locally) until a refresh
+        published |= _publish_entries(s3_bucket, "c", bases[2:3])
+        fetch(bases[2])
+        assert len(s3_proxy.listings()) == listed and f"{bases[2]}-a.npy" not in committed()
+        remote_cache.refresh_cache_listing(location)
+        assert not list(local.glob(".listing-*.json"))
+        fetch(bases[2])
+        assert len(s3_proxy.listings()) == listed + 1 and committed() == published
+
+        # an object listed but deleted since: one more LIST, then the entry is absent
+        published |= _publish_entries(s3_bucket, "c", bases[3:4])
+        remote_cache.refresh_cache_listing(location)
+        fetch(bases[0])  # complete: lists nothing
+        assert len(s3_proxy.listings()) == listed + 1
+        (local / f"{bases[0]}-a.npy").unlink()
+        fetch(bases[0])  # lists the bucket, with bases[3]
+        assert len(s3_proxy.listings()) == listed + 2
+        for suffix in ("a.npy", "b.npy", "data.tokenmill.json", "description.txt"):
+            s3_bucket.service.boto.delete_object(
+                Bucket=s3_bucket.name, Key=f"c/{bases[3]}-{suffix}"
+            )
+        fetch(bases[3])
+        assert len(s3_proxy.listings()) == listed + 3
+        assert not [name for name in committed() if name.startswith(bases[3])]
+
+        # a refresh by another process of the node (the node's file gone) is seen: one stat
+        (local / f"{bases[1]}-description.txt").unlink()
+        fetch(bases[1])
+        assert len(s3_proxy.listings()) == listed + 3  # this process's copy is still good
+        for listing_file in local.glob(".listing-*.json"):
+            listing_file.unlink()
+        (local / f"{bases[1]}-description.txt").unlink()
+        fetch(bases[1])
+        assert len(s3_proxy.listings()) == listed + 4
+
+        # a listing older than TOKENMILL_CACHE_LISTING_MAX_AGE is made again
+        monkeypatch.setenv("TOKENMILL_CACHE_LISTING_MAX_AGE", "0")
+        (local / f"{bases[1]}-description.txt").unlink()
+        fetch(bases[1])
+        assert len(s3_proxy.listings()) == listed + 5
+        monkeypatch.setenv("TOKENMILL_CACHE_LISTING_MAX_AGE", "soon")
+        (local / f"{bases[1]}-description.txt").unlink()
+        with pytest.raises(ValueError, match="TOKENMILL_CACHE_LISTING_MAX_AGE must be a number"):
+            fetch(bases[1])
+
+
+def test_manifest_cache_entry_without_a_working_lock(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ENOLCK: the entry is downloaded into a directory of the process's own and renamed into
+    place, whole and verified, with nothing left behind."""
+    import errno as errno_module
+
+    from tokenmill.storage import remote_cache
+
+    def no_lock(descriptor: int, operation: int) -> None:
+        raise OSError(errno_module.ENOLCK, "No locks available")
+
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    rng = np.random.default_rng(3)
+    base = _bases(1)[0]
+    for suffix in ("a.npy", "b.npy", "description.txt"):
+        (cache / f"{base}-{suffix}").write_bytes(rng.integers(0, 256, 3000, np.uint8).tobytes())
+    publish([str(cache)], str(tmp_path / "bucket"), policy=FAST)
+    monkeypatch.setenv("TOKENMILL_CACHE_DIR", str(tmp_path / "node"))
+    monkeypatch.setattr(remote_cache.fcntl, "flock", no_lock)
+    location = str(tmp_path / "bucket" / "manifest.json")
+    local = Path(remote_cache.fetch_cache_entry(location, base, ["a", "b"]))
+    assert {p.name: p.read_bytes() for p in local.iterdir() if not p.name.startswith(".")} == {
+        p.name: p.read_bytes() for p in cache.iterdir()
+    }
+    assert not [p for p in local.iterdir() if ".fetch.tm-" in p.name or p.suffix == ".partial"]

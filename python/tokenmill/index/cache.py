@@ -310,9 +310,10 @@ class IndexCache:
         location = os.fspath(directory)
         if is_remote_cache(location):
             # a manifest or s3:// cache: fetch this entry once per node, then use it locally
+            # (an s3:// entry already complete on the node costs no request)
             from tokenmill.storage.remote_cache import fetch_cache_entry
 
-            location = fetch_cache_entry(location, base)
+            location = fetch_cache_entry(location, base, array_names)
         return cls(Path(location), base, description, tuple(array_names))
 
     def path(self, suffix: str) -> Path:

@@ -109,11 +109,24 @@ MEMORY_PER_TEXT_BYTE = 6
 gigatoken's uint32 ids (4 bytes per 2.5-4 text bytes), the shaped tokens and numpy temporaries
 (measured about 5x on the linux-doc corpus with GPT-2; benchmarks/TOKENIZE.md)."""
 
-# Test hook: seconds to sleep after each chunk is written, so a test can SIGKILL a run mid-way.
-_DELAY_VARIABLE = "TOKENMILL_TEST_DELAY_AFTER_CHUNK"
 # Test hook: after this many parts are finished, the parent stops (until killed), so a kill test
 # lands between two known events instead of racing a timer.
 _PAUSE_VARIABLE = "TOKENMILL_TEST_PAUSE_AFTER_PARTS"
+# Test hook, with the one above: the paused run creates "<this path>.paused" and goes on once the
+# path itself exists, so a test can act while the run is known to be mid-way (owning its output).
+_RESUME_VARIABLE = "TOKENMILL_TEST_RESUME_FILE"
+
+
+def _test_pause() -> None:
+    """The pause of the test hooks above: until killed, or until the resume file appears."""
+    resume = os.environ.get(_RESUME_VARIABLE, "")
+    if not resume:
+        while True:
+            time.sleep(3600)  # wait to be killed
+    with open(f"{resume}.paused", "w"):
+        pass
+    while not os.path.exists(resume):
+        time.sleep(0.01)
 
 
 def resolve_rank(rank: int | None, world_size: int | None) -> tuple[int, int]:
@@ -532,7 +545,6 @@ def _write_parts(
     Returns:
         The parts written and the totals (documents, tokens, text bytes, Unicode-17 documents).
     """
-    delay = float(os.environ.get(_DELAY_VARIABLE, "0") or 0)
     pause_after = int(os.environ.get(_PAUSE_VARIABLE, "0") or 0)
     executor: Any
     encoder = None
@@ -568,12 +580,14 @@ def _write_parts(
     identities = dict(run.pending)
 
     def consume(index: int, future: Future[Encoded] | None) -> None:
+        nonlocal pause_after
         if index not in writers:
             writers[index] = _PartWriter(run.part(index), run.options.dtype)
         if future is None:  # the input is done
             written.append(writers.pop(index).finish(run, identities[index]))
-            while pause_after and len(written) >= pause_after:
-                time.sleep(3600)  # the test hook: wait to be killed
+            if pause_after and len(written) >= pause_after:
+                pause_after = 0
+                _test_pause()
             return
         sizes.pop(id(future), None)
         encoded = future.result()
@@ -584,8 +598,6 @@ def _write_parts(
         totals["tokens"] += tokens
         totals["text_bytes"] += encoded.text_bytes
         totals["unicode17_documents"] += encoded.unicode17_documents
-        if delay:
-            time.sleep(delay)
 
     try:
         inflight: deque[tuple[int, Future[Encoded] | None]] = deque()
