@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import json
 import os
 import subprocess
 import sys
 import textwrap
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -19,7 +21,7 @@ import pytest
 from test_stale_data import arrays, assert_same_arrays, build, fresh_reference, make_config
 from tokenmill.common import owner
 from tokenmill.datasets.utils import Split
-from tokenmill.errors import ResourceLimitError
+from tokenmill.errors import DataFormatError, ResourceLimitError
 from tokenmill.formats.npy import READ_BELOW, load_npy
 from tokenmill.index import cache as cache_module
 
@@ -265,6 +267,41 @@ def test_a_trusting_rank_skips_value_checks_but_not_the_structure(
     np.save(path, np.arange(3, dtype=np.uint32))
     with pytest.raises(CacheError, match=r"shuffle_index\.npy: shape"):
         open_as_trusting_rank()
+
+
+def test_the_builder_rechecks_values_only_of_files_its_sidecar_does_not_vouch_for(
+    shard: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tokenmill.index import fingerprint
+
+    built = build(shard, make_config(tmp_path / "cache"))
+    forbid_builds(monkeypatch)
+    checked: list[str] = []
+    real = cache_module.cache_checks.value_problems
+
+    def counting(arrays: Any, checks: Any, full: bool, path_of: Any) -> list[str]:
+        checked.append("values")
+        return list(real(arrays, checks, full, path_of))
+
+    monkeypatch.setattr(cache_module.cache_checks, "value_problems", counting)
+    # the very files the builder checked and recorded: no second check
+    assert_same_arrays(build(shard, make_config(tmp_path / "cache")), built)
+    assert checked == []
+    # the same bytes in a new file (another inode and mtime): the values are checked again
+    (path,) = tmp_path.glob("cache/*-sample_index.npy")
+    copy = path.with_name("copy.npy")
+    copy.write_bytes(path.read_bytes())
+    os.replace(copy, path)
+    assert_same_arrays(build(shard, make_config(tmp_path / "cache")), built)
+    assert checked == ["values"]
+    # a record that is not the sidecar format is a bad sidecar: the entry is rebuilt
+    (sidecar,) = tmp_path.glob("cache/*-data.tokenmill.json")
+    payload = fingerprint.read_fingerprint(sidecar)
+    assert payload is not None
+    payload["arrays"]["sample_index"]["inode"] = -1
+    sidecar.write_text(json.dumps(payload))
+    with pytest.raises(DataFormatError, match=r"arrays\['sample_index'\] field 'inode'"):
+        fingerprint.read_fingerprint(sidecar)
 
 
 def test_a_blend_fingerprints_each_data_file_once(

@@ -96,7 +96,10 @@ def test_replaced_data_is_rebuilt_by_default(
     assert_same_arrays(new, fresh_reference(shard, tmp_path))
     # the rebuilt entry records the new data, so the next run is a plain hit
     recorded = fingerprint.read_fingerprint(new._cache.fingerprint_path)  # type: ignore[union-attr]
+    assert recorded is not None
+    vouched = recorded.pop("arrays")  # the checked array files, by size, mtime and inode
     assert recorded == fingerprint.fingerprint_prefixes([shard])
+    assert set(vouched) == {"document_index", "sample_index", "shuffle_index"}
 
 
 def test_replaced_data_is_an_error_with_policy_error(shard: str, tmp_path: Path) -> None:

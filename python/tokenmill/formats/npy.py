@@ -21,7 +21,7 @@ from tokenmill.common.mapping import map_readonly, resource_error
 from tokenmill.errors import DataFormatError, ResourceLimitError
 from tokenmill.formats.validate import check_npy_extent
 
-__all__ = ["load_npy"]
+__all__ = ["load_npy", "load_npy_and_status"]
 
 READ_BELOW = 1 << 16
 """Arrays of at most this many bytes are read into memory instead of mapped: a map costs a
@@ -67,6 +67,21 @@ def _header(stream: Any, path: str) -> tuple[tuple[int, ...], bool, np.dtype[Any
 
 
 def load_npy(path: str | os.PathLike[str]) -> npt.NDArray[Any]:
+    """A read-only ``.npy`` array; see :func:`load_npy_and_status`."""
+    return _load(path, False)[0]
+
+
+def load_npy_and_status(path: str | os.PathLike[str]) -> tuple[npt.NDArray[Any], os.stat_result]:
+    """:func:`load_npy`, with the ``fstat`` of the file it read (one more system call for
+    arrays that are read, none for mapped ones): size, mtime and inode of exactly those bytes."""
+    array, status = _load(path, True)
+    assert status is not None
+    return array, status
+
+
+def _load(
+    path: str | os.PathLike[str], want_status: bool
+) -> tuple[npt.NDArray[Any], os.stat_result | None]:
     """A read-only ``.npy`` array (pickled object arrays are refused): memory-mapped when larger
     than :data:`READ_BELOW` bytes, read otherwise. No file descriptor stays open either way (see
     `tokenmill.common.mapping`).
@@ -102,14 +117,15 @@ def load_npy(path: str | os.PathLike[str]) -> npt.NDArray[Any]:
         header_end = head[offset - 1 : offset] if offset <= len(head) else None
         if header_end is None:
             header_end = os.pread(descriptor, 1, offset - 1)
+        status = os.fstat(descriptor) if want_status or nbytes > READ_BELOW else None
         if nbytes <= READ_BELOW:
             # one byte more than the data: a file longer than header + data is refused too
             data = os.pread(descriptor, nbytes + 1, offset)
             check_npy_extent(path, header_end, offset, nbytes, offset + len(data), shape, dtype)
             flat = np.frombuffer(data, dtype=dtype, count=count)
         else:
-            size = os.fstat(descriptor).st_size
-            check_npy_extent(path, header_end, offset, nbytes, size, shape, dtype)
+            assert status is not None
+            check_npy_extent(path, header_end, offset, nbytes, status.st_size, shape, dtype)
             mapping = map_readonly(descriptor, offset + nbytes, path)
             flat = np.frombuffer(mapping, dtype=dtype, count=count, offset=offset)
     except (FileNotFoundError, PermissionError, ResourceLimitError, DataFormatError):
@@ -128,4 +144,4 @@ def load_npy(path: str | os.PathLike[str]) -> npt.NDArray[Any]:
     array = flat.reshape(shape[::-1]).T if fortran else flat.reshape(shape)
     array.flags.writeable = False
     result: npt.NDArray[Any] = array
-    return result
+    return result, status

@@ -57,7 +57,7 @@ from tokenmill.common.atomic import AtomicFile, commit_together
 from tokenmill.common.mapping import resource_error
 from tokenmill.common.owner import is_abandoned
 from tokenmill.errors import CacheError, DataFormatError, ResourceLimitError, StaleCacheError
-from tokenmill.formats.npy import load_npy
+from tokenmill.formats.npy import load_npy, load_npy_and_status
 from tokenmill.index import cache_checks
 from tokenmill.index import fingerprint as data_fingerprint
 from tokenmill.storage.remote_cache import is_remote_cache
@@ -334,10 +334,12 @@ class IndexCache:
         """The tokenmill-only data fingerprint sidecar of this entry."""
         return self.path(data_fingerprint.FINGERPRINT_SUFFIX)
 
-    def stale_reasons(self, data_prefixes: Sequence[str]) -> tuple[list[str], dict[str, Any]]:
+    def stale_reasons(
+        self, data_prefixes: Sequence[str], recorded_out: dict[str, Any] | None = None
+    ) -> tuple[list[str], dict[str, Any]]:
         """Why this entry does not match the current data (see fingerprint.stale_reasons)."""
         return data_fingerprint.stale_reasons(
-            data_prefixes, self.fingerprint_path, self.description_path
+            data_prefixes, self.fingerprint_path, self.description_path, recorded_out
         )
 
     def all_present(self) -> bool:
@@ -351,11 +353,13 @@ class IndexCache:
         specs: Mapping[str, ArraySpec] | None = None,
         check_description: bool = True,
         check_values: bool = True,
+        statuses: dict[str, dict[str, int]] | None = None,
     ) -> tuple[dict[str, npt.NDArray[Any]] | None, list[str]]:
         """Memory-map every array and check it: description, dtype, shape and extent always;
         the values (`cache_checks`) unless `check_values` is False (a rank that trusts the
         builders' verdict: they checked the values when they built or loaded the entry, and a
-        committed entry is never rewritten).
+        committed entry is never rewritten). `statuses`, if given, receives each array file's size,
+        mtime and inode (`fingerprint.array_status`).
 
         Returns:
             (arrays, []) on a valid hit, or (None, problems) naming each missing or bad file.
@@ -384,7 +388,11 @@ class IndexCache:
         for name in self.array_names:
             path = self.array_path(name)
             try:
-                array = load_npy(path)
+                if statuses is None:
+                    array = load_npy(path)
+                else:
+                    array, status = load_npy_and_status(path)
+                    statuses[name] = data_fingerprint.array_status(status)
             except FileNotFoundError:
                 problems.append(f"{path}: missing")
                 continue
@@ -454,21 +462,30 @@ class IndexCache:
         self,
         arrays: Mapping[str, npt.NDArray[Any]],
         fingerprint: Mapping[str, Any] | None = None,
+        vouch: bool = False,
     ) -> None:
         """Write every array, the data fingerprint and the description, each under a temporary
         name, then commit them: the arrays and fingerprint fsynced and renamed first, the
         description (the commit point) after them (`commit_together`; inside
         `deferred_commits()` when that block ends). Nothing committed is deleted first: a
-        concurrent builder renames the same bytes, and a reader that opened a file keeps it."""
+        concurrent builder renames the same bytes, and a reader that opened a file keeps it.
+
+        `vouch`: every value of `arrays` was checked; the fingerprint sidecar then records each
+        array file (size, mtime, inode) so later loads of these very files skip the value checks.
+        """
         self.directory.mkdir(parents=True, exist_ok=True)
         files: list[AtomicFile] = []
+        written: dict[str, dict[str, int]] = {}
         try:
             for name in self.array_names:
-                files.append(_npy_writer(self.array_path(name), arrays[name]))
+                file = _npy_writer(self.array_path(name), arrays[name])
+                files.append(file)
+                file.stream.flush()
+                # the rename keeps size, mtime and inode: the sidecar vouches for these files
+                written[name] = data_fingerprint.array_status(os.fstat(file.stream.fileno()))
             if fingerprint is not None:
-                files.append(
-                    data_fingerprint.fingerprint_writer(self.fingerprint_path, fingerprint)
-                )
+                vouched = {**fingerprint, "arrays": written} if vouch else dict(fingerprint)
+                files.append(data_fingerprint.fingerprint_writer(self.fingerprint_path, vouched))
             description = AtomicFile(self.description_path)
             files.append(description)
             description.stream.write(self.description.encode("utf-8"))
@@ -535,15 +552,33 @@ class IndexCache:
         if may_build and not check_only:
             # a killed writer's temporaries go on the next build's first visit (hit or miss)
             _sweep_abandoned(self.directory)
+        # With a data check, the values are checked after it, unless the entry's fingerprint
+        # sidecar vouches for these very files (fingerprint.vouches_for); a session (build-cache)
+        # always checks them.
+        later = checking and bool(specs) and session is None
+        statuses: dict[str, dict[str, int]] | None = {} if later else None
         arrays, problems = self.load(
-            specs, check_description=not trust_presence, check_values=not trusted
+            specs,
+            check_description=not trust_presence,
+            check_values=not trusted and not later,
+            statuses=statuses,
         )
         # An existing entry is checked against the data even when its arrays no longer fit the
         # config (new data usually changes their shapes): "error" must never rebuild silently.
+        recorded: dict[str, Any] = {}
         if checking and self.description_path.is_file():
             arrays, problems = self._check_data(
-                arrays, problems, data_prefixes, data_check, may_build, check_only
+                arrays, problems, data_prefixes, data_check, may_build, check_only, recorded
             )
+        if (
+            later
+            and arrays is not None
+            and specs
+            and not data_fingerprint.vouches_for(recorded, statuses or {})
+        ):
+            problems = self._value_problems(arrays, specs, full=False)
+            if problems:
+                arrays = None
         if arrays is not None:
             record(False, False, ())
             return arrays, False
@@ -578,14 +613,16 @@ class IndexCache:
         data_check: str,
         may_build: bool,
         check_only: bool,
+        recorded_out: dict[str, Any] | None = None,
     ) -> tuple[dict[str, npt.NDArray[Any]] | None, list[str]]:
         """An existing entry against the current data: (arrays, problems) to go on with (arrays
         None when the entry must be rebuilt), after adopting an unfingerprinted valid entry.
+        `recorded_out` receives the entry's sidecar payload, if it has a valid one.
 
         Raises:
             StaleCacheError: the data changed and the entry may not be rebuilt here.
         """
-        stale, current = self.stale_reasons(data_prefixes)
+        stale, current = self.stale_reasons(data_prefixes, recorded_out)
         if stale and check_only:
             built_from = (f"{self.description_path}: built from other data: {r}" for r in stale)
             return None, [*problems, *built_from]
@@ -629,7 +666,7 @@ class IndexCache:
         problems = self._value_problems(built, specs, full=True) if specs else []
         if problems:  # never commit an entry that would be refused on load
             raise CacheError("built index arrays are invalid: " + "; ".join(problems))
-        self.save(built, fingerprint)
+        self.save(built, fingerprint, vouch=bool(specs))
         return built
 
     def check_deferred(self, data_prefixes: Sequence[str], data_check: str) -> None:

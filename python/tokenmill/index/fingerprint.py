@@ -18,6 +18,12 @@ The sidecar ``<hash>-<Class>-<split>-data.tokenmill.json`` holds::
                                         "sample_sha256": "9f86..."},
                                ".idx": {...}}}}
 
+An entry tokenmill built also records its array files, ``"arrays": {"<name>": {"size": ...,
+"mtime_ns": ..., "inode": ...}}``: the builder checked every value before writing them, so a later
+load that finds these very files (:func:`vouches_for`) skips the value checks. Where the
+filesystem sets mtimes at write-back (NFS), the record may not match and the values are checked:
+slower, never wrong.
+
 Rules (see :func:`stale_reasons`):
 
 * sidecar present: every recorded file must match the current one, else the entry is stale;
@@ -45,18 +51,21 @@ from tokenmill.common.sidecar import check_header
 from tokenmill.errors import DataFormatError
 
 __all__ = [
+    "ARRAY_FIELDS",
     "DATA_SUFFIXES",
     "FINGERPRINT_SUFFIX",
     "FORMAT",
     "POLICIES",
     "SAMPLE_BYTES",
     "VERSION",
+    "array_status",
     "differences",
     "fingerprint_file",
     "fingerprint_prefixes",
     "once_per_file",
     "read_fingerprint",
     "stale_reasons",
+    "vouches_for",
     "write_fingerprint",
 ]
 
@@ -196,8 +205,53 @@ def read_fingerprint(path: str | os.PathLike[str]) -> dict[str, Any] | None:
     return dict(payload)
 
 
+ARRAY_FIELDS = ("size", "mtime_ns", "inode")
+"""Fields of each entry of a sidecar's optional ``arrays`` record (see :func:`vouches_for`)."""
+
+
+def array_status(status: os.stat_result) -> dict[str, int]:
+    """The ``arrays`` record of one cached array file, from its ``stat``."""
+    return {
+        "size": int(status.st_size),
+        "mtime_ns": int(status.st_mtime_ns),
+        "inode": int(status.st_ino),
+    }
+
+
+def vouches_for(recorded: Mapping[str, Any] | None, current: Mapping[str, dict[str, int]]) -> bool:
+    """Whether a sidecar's ``arrays`` record names exactly the files now in place.
+
+    The builder that wrote the sidecar checked every value of the arrays it built and recorded,
+    for each array file it wrote, its size, mtime and inode (a rename keeps all three). The same
+    three now mean the same file, unmodified since (a rewrite changes the mtime, a replacement
+    the inode): its values need no second check. Anything else (no record, an entry adopted from
+    megatron-core, racing builders whose files and sidecar come from different writers) means
+    check them.
+    """
+    arrays = recorded.get("arrays") if recorded is not None else None
+    if not isinstance(arrays, dict) or not current:
+        return False
+    return all(arrays.get(name) == status for name, status in current.items())
+
+
 def _validate(payload: Any, path: str) -> None:
     check_header(payload, path, FORMAT, VERSION, "fingerprint", DataFormatError)
+    arrays = payload.get("arrays")
+    if arrays is not None:
+        if not isinstance(arrays, dict):
+            raise DataFormatError(f"{path}: 'arrays' must be an object, got {arrays!r:.80}")
+        for name, entry in arrays.items():
+            if not isinstance(entry, dict) or set(entry) != set(ARRAY_FIELDS):
+                raise DataFormatError(
+                    f"{path}: arrays[{name!r}] must map {list(ARRAY_FIELDS)} to integers, "
+                    f"got {entry!r:.80}"
+                )
+            for field in ARRAY_FIELDS:
+                value = entry[field]
+                if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                    raise DataFormatError(
+                        f"{path}: arrays[{name!r}] field {field!r} is invalid: {value!r:.80}"
+                    )
     datasets = payload.get("datasets")
     if not isinstance(datasets, dict):
         raise DataFormatError(f"{path}: 'datasets' must be an object, got {datasets!r:.80}")
@@ -250,6 +304,7 @@ def stale_reasons(
     prefixes: Iterable[str],
     sidecar: str | os.PathLike[str],
     description: str | os.PathLike[str],
+    recorded_out: dict[str, Any] | None = None,
 ) -> tuple[list[str], dict[str, Any]]:
     """Why a cache entry no longer matches its data (empty when it is fresh).
 
@@ -257,6 +312,7 @@ def stale_reasons(
         prefixes: the dataset prefixes the entry was built from.
         sidecar: the entry's fingerprint sidecar (may be missing).
         description: the entry's description file, whose mtime dates an entry without sidecar.
+        recorded_out: if given, receives the sidecar's payload (when there is a valid one).
 
     Returns:
         (reasons, current fingerprint payload).
@@ -270,6 +326,8 @@ def stale_reasons(
     except DataFormatError as error:
         return [str(error)], current
     if recorded is not None:
+        if recorded_out is not None:
+            recorded_out.update(recorded)
         return differences(recorded, current), current
     # No sidecar: megatron-core (or an older tokenmill) wrote the entry. Accept it only if the
     # data predates it; a data file written after the entry cannot be what it was built from.
