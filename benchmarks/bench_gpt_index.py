@@ -18,6 +18,7 @@ import json
 import subprocess
 import sys
 import textwrap
+from typing import Any
 
 CHILD = textwrap.dedent(
     """
@@ -79,7 +80,7 @@ def measure(library: str, documents: int) -> dict[str, float]:
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
-def main() -> None:
+def main(evidence: Any = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--documents", type=int, nargs="+", default=[10_000_000, 100_000_000])
     parser.add_argument("--repeats", type=int, default=1, help="best of N builds per library")
@@ -89,6 +90,10 @@ def main() -> None:
         results = {}
         for library in ("megatron", "tokenmill"):
             runs = [measure(library, documents) for _ in range(args.repeats)]
+            if evidence is not None:
+                evidence.runs.extend(
+                    {"library": library, "documents": documents, **run} for run in runs
+                )
             results[library] = min(runs, key=lambda run: run["seconds"])
         megatron, tokenmill = results["megatron"], results["tokenmill"]
         rows.append(
@@ -123,5 +128,5 @@ def main() -> None:
 if __name__ == "__main__":
     from evidence import recorded
 
-    with recorded("gpt_index"):
-        main()
+    with recorded("gpt_index") as evidence:
+        main(evidence)

@@ -249,7 +249,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name:>22}: {row[0]}")
     print(f"(medians of {args.repeat} alternating runs; same first tokens in every run: {same})")
     evidence.write(
-        runs=[run for library in ("stock", "tokenmill") for run in results[library]],
+        runs=[
+            {"library": library, **run}
+            for library in ("stock", "tokenmill")
+            for run in results[library]
+        ],
         summary={
             "samples_per_second": rate,
             "cpu_seconds_per_1000_samples": cpu,

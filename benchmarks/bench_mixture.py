@@ -19,6 +19,7 @@ import argparse
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -37,7 +38,7 @@ def write_source(prefix: str, documents: int, seed: int) -> None:
     builder.finalize(prefix + ".idx")
 
 
-def main() -> None:
+def main(evidence: Any = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--documents", type=int, default=20_000, help="per source")
     parser.add_argument("--budget", type=int, default=40_000_000, help="tokens over both phases")
@@ -106,10 +107,23 @@ def main() -> None:
             f"{steps_per_s:.1f} global steps/s"
         )
     print(f"resume (load_state_dict + first batch): {resume_ms:.1f} ms")
+    if evidence is not None:
+        evidence.runs.extend(
+            {"world_size": world, "tokens_per_second": tokens, "steps_per_second": steps}
+            for world, tokens, steps in rows
+        )
+        evidence.summary.update(
+            parameters=vars(args),
+            draw_ns_per_chunk=draw_ns,
+            open_seconds=open_s,
+            demand_seconds=demand_s,
+            demand_chunks=chunks,
+            resume_ms=resume_ms,
+        )
 
 
 if __name__ == "__main__":
     from evidence import recorded
 
-    with recorded("mixture"):
-        main()
+    with recorded("mixture") as evidence:
+        main(evidence)

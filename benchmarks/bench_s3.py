@@ -182,7 +182,7 @@ def _measure_megatron(
     return {"name": label, "seconds": seconds, **counts}
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace, evidence: Any = None) -> int:
     pytest_env = {
         "AWS_ACCESS_KEY_ID": "testing",
         "AWS_SECRET_ACCESS_KEY": "testing",
@@ -283,19 +283,22 @@ def run(args: argparse.Namespace) -> int:
             f"| {row['name']} | {row['requests'] * per:.0f} | "
             f"{row['bytes'] * per / 2**20:.1f} | {rate:,.0f} | {baseline / row['seconds']:.4f}x |"
         )
+    if evidence is not None:
+        evidence.runs.extend(rows)
+        evidence.summary.update(samples=args.samples, document_reads=len(reads), object_bytes=size)
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, evidence: Any = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--samples", type=int, default=1000, help="samples per configuration")
     parser.add_argument("--tokens", type=int, default=3_000_000, help="tokens in the shard")
-    return run(parser.parse_args(argv))
+    return run(parser.parse_args(argv), evidence)
 
 
 if __name__ == "__main__":
     from evidence import recorded
 
-    with recorded("s3"):
-        status = main()
+    with recorded("s3") as evidence:
+        status = main(evidence=evidence)
     sys.exit(status)

@@ -3,7 +3,9 @@
 Every figure a README or docs page quotes should link to the JSON its run wrote:
 ``benchmarks/results/<name>.json`` holds the machine (CPU model, cores this process may use,
 memory), the versions (Python, numpy, torch, tokenmill, megatron-core), the load average before
-and after the run, the command line, every individual run and the summary printed.
+and after the run, the command line and ``TOKENMILL_*`` environment, every individual run and the
+summary printed (under ``recorded``: every printed line and the markdown tables among them).
+``scripts/plot_benchmarks.py`` draws the docs' plots from these files.
 
 Usage from a benchmark, structured::
 
@@ -81,6 +83,9 @@ class Evidence:
         self.name = name
         self.started = datetime.datetime.now(datetime.timezone.utc)
         self.load_before = os.getloadavg()
+        # filled by a benchmark run under recorded(): each measurement, and the figures it quotes
+        self.runs: list[Any] = []
+        self.summary: dict[str, Any] = {}
 
     def write(self, *, runs: list[Any], summary: dict[str, Any], **extra: Any) -> Path:
         """Write ``benchmarks/results/<name>.json`` and return its path."""
@@ -89,6 +94,8 @@ class Evidence:
             "started": self.started.isoformat(timespec="seconds"),
             "finished": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "command": [Path(sys.argv[0]).name, *sys.argv[1:]],
+            # settings that change what is measured (TOKENMILL_FSYNC=0, thread counts, ...)
+            "environment": {k: v for k, v in os.environ.items() if k.startswith("TOKENMILL_")},
             "machine": machine(),
             "versions": versions(),
             "load_average_before": self.load_before,
@@ -122,10 +129,37 @@ class _Tee:
         return getattr(self.stream, name)
 
 
+def markdown_tables(lines: list[str]) -> list[dict[str, Any]]:
+    """The markdown tables among printed lines: ``{"header": [...], "rows": [[...], ...]}`` each
+    (cells as printed), so the figures a page quotes can be read back without re-parsing."""
+    tables: list[dict[str, Any]] = []
+    current: dict[str, Any] | None = None
+
+    def cells(line: str) -> list[str]:
+        return [cell.strip() for cell in line.strip().strip("|").split("|")]
+
+    for line in lines:
+        stripped = line.strip()
+        if not (stripped.startswith("|") and stripped.endswith("|")):
+            current = None
+            continue
+        row = cells(stripped)
+        if current is None:
+            current = {"header": row, "rows": []}
+            tables.append(current)
+        elif all(set(cell) <= set("-: ") for cell in row):
+            continue
+        else:
+            current["rows"].append(row)
+    return tables
+
+
 @contextlib.contextmanager
 def recorded(name: str) -> Iterator[Evidence]:
-    """Run a benchmark's main with its output kept; on success write results/<name>.json with
-    every printed line (each run and the tables) beside the machine, versions and load."""
+    """Run a benchmark's main with its output kept; if it returns without raising, write
+    results/<name>.json with every printed line (each run and the tables), the tables parsed,
+    and whatever runs the benchmark appended to ``evidence.runs``, beside the machine, versions
+    and load."""
     evidence = Evidence(name)
     tee = _Tee(sys.stdout)
     sys.stdout = tee  # type: ignore[assignment]
@@ -133,4 +167,10 @@ def recorded(name: str) -> Iterator[Evidence]:
         yield evidence
     finally:
         sys.stdout = tee.stream
-    evidence.write(runs=[], summary={}, output="".join(tee.text).splitlines())
+    output = "".join(tee.text).splitlines()
+    evidence.write(
+        runs=evidence.runs,
+        summary=evidence.summary,
+        output=output,
+        tables=markdown_tables(output),
+    )

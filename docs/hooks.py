@@ -4,8 +4,9 @@ Benchmark reports (`benchmarks/*.md`) and the byte-level format spec
 (`python/tokenmill/formats/README.md`) stay next to the scripts and code they describe, so that
 they are read and updated there; this hook adds them to the site under `benchmarks/` and
 `specs/`, and rewrites the docs' repository-relative links to them (`../benchmarks/X.md`) to the
-site pages. Links to other repository files (scripts, sources) become code spans: the site has no
-page for them.
+site pages. The benchmarks' raw results (`benchmarks/results/*.json`) are published the same way,
+so a figure's `[raw](...)` link works on GitHub and on the site. Links to other repository files
+(scripts, sources) become code spans: the site has no page for them.
 """
 
 from __future__ import annotations
@@ -21,6 +22,11 @@ ROOT = Path(__file__).resolve().parent.parent
 EXTERNAL_PAGES = {
     **{f"benchmarks/{p.name}": f"benchmarks/{p.name}" for p in (ROOT / "benchmarks").glob("*.md")},
     "python/tokenmill/formats/README.md": "specs/formats.md",
+    # the raw results the benchmark pages and the docs quote, published beside those pages
+    **{
+        f"benchmarks/results/{p.name}": f"benchmarks/results/{p.name}"
+        for p in (ROOT / "benchmarks" / "results").glob("*.json")
+    },
 }
 _LINK = re.compile(r"\[([^\]]+)\]\((?!https?:|#|mailto:)([^)\s#]+)(#[^)\s]*)?\)")
 

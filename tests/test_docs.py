@@ -8,6 +8,7 @@ the site would). A block is skipped only when it is marked: preceded by a
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -108,3 +109,83 @@ def test_site_builds_strictly(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr[-4000:]
     assert (tmp_path / "site" / "megatron" / "index.html").exists()
     assert (tmp_path / "site" / "benchmarks" / "SERVING" / "index.html").exists()
+
+
+BENCHMARK_PAGES = sorted((ROOT / "benchmarks").glob("*.md"))
+_IMAGE = re.compile(r"!\[[^\]]*\]\(([^)\s]+\.png)\)")
+
+
+def _raw_links(page: Path) -> list[Path]:
+    """The benchmarks' raw results a page links to (``.../results/<name>.json``)."""
+    return [
+        (page.parent / target).resolve()
+        for target, _anchor in _LINK.findall(page.read_text("utf-8"))
+        if target.endswith(".json") and "results/" in target
+    ]
+
+
+def test_quoted_benchmark_figures_link_their_raw_results() -> None:
+    """Every raw result the README, the docs and the benchmark pages link to exists and holds
+    what a reader needs to judge a figure: machine, versions, load average, the runs."""
+    linked = {
+        path
+        for page in [README, *DOCS.rglob("*.md"), *BENCHMARK_PAGES]
+        for path in _raw_links(page)
+    }
+    assert len(linked) >= 8
+    for path in sorted(linked):
+        assert path.is_file(), f"{path} is linked but missing"
+        assert path.parent == ROOT / "benchmarks" / "results"
+        record = json.loads(path.read_text("utf-8"))
+        for key in ("benchmark", "started", "command", "machine", "versions"):
+            assert record.get(key), f"{path.name}: no {key}"
+        assert record["machine"].get("cpus_usable"), path.name
+        assert record["versions"].get("tokenmill") and record["versions"].get("python"), path.name
+        for key in ("load_average_before", "load_average_after"):
+            assert len(record[key]) == 3, f"{path.name}: {key}"
+        # the runs: structured, or every printed line of the run (each run and its tables)
+        assert isinstance(record["runs"], list), path.name
+        assert record["runs"] or record.get("output") or record.get("summary"), path.name
+
+
+def test_readme_headline_figures_link_their_raw_results() -> None:
+    text = README.read_text("utf-8")
+    table = text.split("## Headline numbers", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in table.splitlines() if line.startswith("| ") and "---" not in line]
+    for row in rows[1:]:
+        # bench_scale.py's rows wait for its re-run (SCALE.md), the only ones without raw results
+        if "benchmarks/SCALE.md" in row:
+            continue
+        assert "](benchmarks/results/" in row, f"README headline row without raw results: {row}"
+
+
+def test_benchmark_plots_exist() -> None:
+    """Every plot a page shows exists (scripts/plot_benchmarks.py draws them from the JSON)."""
+    shown = []
+    for page in [*DOCS.rglob("*.md"), *BENCHMARK_PAGES]:
+        for target in _IMAGE.findall(page.read_text("utf-8")):
+            path = (page.parent / target).resolve()
+            assert path.is_file(), f"{page.name} shows a missing image {target}"
+            shown.append(path)
+    plots = {p.resolve() for p in (DOCS / "img" / "benchmarks").glob("*.png")}
+    assert plots and plots <= set(shown), f"plots no page shows: {sorted(plots - set(shown))}"
+
+
+def test_benchmark_plots_are_drawn_from_the_results(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """scripts/plot_benchmarks.py still reads every committed result (a benchmark's JSON changing
+    shape would leave the committed plots stale)."""
+    pytest.importorskip("matplotlib")
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "plot_benchmarks", ROOT / "scripts" / "plot_benchmarks.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    monkeypatch.setattr(module, "IMAGES", tmp_path)
+    assert module.main([]) == 0
+    drawn = {p.name for p in tmp_path.glob("*.png")}
+    assert drawn == {p.name for p in (DOCS / "img" / "benchmarks").glob("*.png")}

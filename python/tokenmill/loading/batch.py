@@ -48,8 +48,9 @@ def make_data_loader(
     with `worker_type="thread"` it is a :class:`~tokenmill.loading.threaded.ThreadedBatchLoader`
     whose workers are threads. Threads are the faster choice for GPTDataset and BlendedDataset,
     whose batch gather runs in C++ with the GIL released: no per-batch hand-over between
-    processes (measured 19-26x megatron-core's 2-worker DataLoader against 0.8-1.5x for worker
-    processes, benchmarks/SERVING.md). Keep processes for datasets that hold the GIL.
+    processes (measured 12-25x megatron-core's 2-worker DataLoader against 1.0-2.1x for worker
+    processes, benchmarks/SERVING.md and benchmarks/results/serving.json). Keep processes for
+    datasets that hold the GIL.
 
     Recommended settings: `worker_type="thread"`, `num_workers` 2 per GPU process; keep
     `create_attention_mask=False` and use cu_seqlens (`inter_document_masking=True`) or
