@@ -47,7 +47,8 @@ _MAX_BIN_BYTES = 1 << 20
 def set_workdir(directory: str | os.PathLike[str]) -> None:
     """Where harnesses write their inputs (default: a temporary directory under $TMPDIR)."""
     _state["dir"] = Path(directory)
-    _state.pop("gpt", None)
+    for fixture in ("gpt", "packing", "blended"):  # built again in the new directory
+        _state.pop(fixture, None)
     Path(directory).mkdir(parents=True, exist_ok=True)
 
 
