@@ -10,18 +10,22 @@ docs/reliability.md; the inputs they found are replayed here too (REGRESSIONS).
 from __future__ import annotations
 
 import base64
+import io
 import random
 import struct
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from fuzz import harnesses
+from tokenmill.errors import CacheError
 
 pytestmark = pytest.mark.filterwarnings("ignore::tokenmill.errors.PerformanceWarning")
 
 MUTATIONS = 400
-SLOW_HARNESS_MUTATIONS = {"cache_entry": 60}  # builds samples through torch: ~5 ms per input
+# these build samples through torch: ~5 ms per input
+SLOW_HARNESS_MUTATIONS = {"cache_entry": 60, "blended_cache": 60}
 _INTERESTING = [0, 1, 2, 7, 8, 0x7F, 0x80, 0xFF, 0x7FFF, 0xFFFF, 2**31 - 1, 2**31, 2**32 - 1]
 _INTERESTING += [2**63 - 1, 2**63, 2**64 - 1]
 
@@ -110,3 +114,107 @@ def test_every_harness_has_seeds_and_documented_types() -> None:
     assert set(harnesses.HARNESSES) <= set(harnesses.ALLOWED)
     for name in harnesses.HARNESSES:
         assert harnesses.ALLOWED[name], name
+
+
+def _npy(array: np.ndarray) -> bytes:
+    stream = io.BytesIO()
+    np.save(stream, array)
+    return stream.getvalue()
+
+
+def _blended_corruptions() -> dict[str, tuple[bytes, str]]:
+    """Hand-made corruptions of the blend cache entry: input bytes and the message they get."""
+    fixture = harnesses._blended_fixture()
+    blend = fixture["blend"]
+    ids = np.load(io.BytesIO(fixture["files"]["dataset_index"]))
+    samples = np.load(io.BytesIO(fixture["files"]["dataset_sample_index"]))
+    assert ids.dtype == np.int16 and samples.dtype == np.int64 and ids.shape == samples.shape
+    member = int(ids[3])
+    past = samples.copy()
+    past[3] = len(blend.datasets[member])  # one past the member's last sample
+    cases: dict[str, tuple[bytes, str]] = {}
+    for name, value in [("id_too_big", len(blend.datasets)), ("id_negative", -1)]:
+        bad = ids.copy()
+        bad[5] = value
+        cases[name] = (b"\x01" + _npy(bad), r"dataset_index\[5\] = -?\d+ is outside")
+    cases["sample_past_member"] = (
+        b"\x02" + _npy(past),
+        r"dataset_sample_index\[3\] = \d+ is outside",
+    )
+    negative = samples.copy()
+    negative[0] = -1
+    cases["sample_negative"] = (b"\x02" + _npy(negative), r"dataset_sample_index\[0\] = -1")
+    cases["ids_int32"] = (b"\x01" + _npy(ids.astype(np.int32)), "dtype int32")
+    cases["samples_int32"] = (b"\x02" + _npy(samples.astype(np.int32)), "dtype int32")
+    cases["ids_short"] = (b"\x01" + _npy(ids[:-1]), "shape")
+    truncated = fixture["files"]["dataset_sample_index"]
+    cases["samples_truncated"] = (b"\x02" + truncated[: len(truncated) - 8], "truncated")
+    cases["ids_header_only"] = (b"\x01" + fixture["files"]["dataset_index"][:40], "truncated")
+    cases["description_changed"] = (b"\x00" + fixture["description"][:-2] + b"}}", "description")
+    return cases
+
+
+_BLENDED_CASES = [
+    "id_too_big",
+    "id_negative",
+    "sample_past_member",
+    "sample_negative",
+    "ids_int32",
+    "samples_int32",
+    "ids_short",
+    "samples_truncated",
+    "ids_header_only",
+    "description_changed",
+]
+
+
+@pytest.mark.parametrize("case", _BLENDED_CASES)
+def test_blended_cache_corruptions_raise_cache_error(case: str) -> None:
+    """Each corruption of a blend's cache entry is refused by the non-building load with
+    CacheError naming the problem (never served, never another exception type)."""
+    cases = _blended_corruptions()
+    assert sorted(cases) == sorted(_BLENDED_CASES)
+    data, message = cases[case]
+    with pytest.raises(CacheError, match=message):
+        harnesses.load_blended_entry(data)
+    assert harnesses.blended_cache(data) is False
+
+
+def test_blended_cache_accepts_and_serves_a_different_valid_entry() -> None:
+    """A valid entry other than the writer's (every sample id 0) is accepted and served: the
+    harness does not reject everything but the writer's bytes, and serves what it loaded."""
+    fixture = harnesses._blended_fixture()
+    samples = np.load(io.BytesIO(fixture["files"]["dataset_sample_index"]))
+    data = b"\x02" + _npy(np.zeros_like(samples))
+    assert harnesses.blended_cache(data)
+    arrays = harnesses.load_blended_entry(data)
+    blend = fixture["blend"]
+    blend.dataset_index = arrays["dataset_index"]
+    blend.dataset_sample_index = arrays["dataset_sample_index"]
+    for sample in (0, len(blend) - 1):
+        member = blend.datasets[int(arrays["dataset_index"][sample])]
+        served, expected = blend[sample], member[0]
+        assert all(bool((served[key] == value).all()) for key, value in expected.items())
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "tokenmill.datasets.gpt.GPTDataset._getitem_python",  # members' Python path
+        "tokenmill.serving.server.BatchServer.serve",  # the blend's batched C++ gather
+        "tokenmill.index.cache_checks.value_problems",  # the load's value checks
+    ],
+)
+def test_blended_harness_runs_each_path_and_lets_other_errors_escape(
+    monkeypatch: pytest.MonkeyPatch, path: str
+) -> None:
+    """The seeds reach the load's value checks and both sample paths, and an exception type
+    the blend does not document escapes the harness (it is not a blanket except)."""
+    seed = harnesses.seeds("blended_cache")[1]
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise KeyError("not documented")
+
+    monkeypatch.setattr(path, broken)
+    with pytest.raises(KeyError):
+        harnesses.blended_cache(seed)

@@ -47,7 +47,8 @@ _MAX_BIN_BYTES = 1 << 20
 def set_workdir(directory: str | os.PathLike[str]) -> None:
     """Where harnesses write their inputs (default: a temporary directory under $TMPDIR)."""
     _state["dir"] = Path(directory)
-    _state.pop("gpt", None)
+    for fixture in ("gpt", "packing", "blended"):  # built again in the new directory
+        _state.pop(fixture, None)
     Path(directory).mkdir(parents=True, exist_ok=True)
 
 
@@ -379,6 +380,142 @@ def packing_plan(data: bytes) -> bool:
     return True
 
 
+# -- blend cache: a BlendedDataset's dataset_index / dataset_sample_index and the samples served ---
+
+
+def _blended_fixture() -> dict[str, Any]:
+    """Two tiny shards, a GPTDataset over each and a BlendedDataset of them whose blend indices
+    are cached (written by BlendedDataset itself), built once per work directory."""
+    if "blended" in _state:
+        fixture: dict[str, Any] = _state["blended"]
+        return fixture
+    import warnings
+
+    from tokenmill.datasets.blended import BlendedDataset
+    from tokenmill.datasets.gpt import GPTDataset, GPTDatasetConfig
+    from tokenmill.datasets.utils import Split
+    from tokenmill.formats.megatron import IndexedDatasetBuilder
+
+    directory = Path(tempfile.mkdtemp(prefix="blended-", dir=_workdir()))
+
+    class Tokenizer:
+        def __init__(self) -> None:
+            self.vocab_size, self.eod = 64, 0
+            self.unique_identifiers = {"class": "FuzzTokenizer"}
+
+    config = GPTDatasetConfig(
+        random_seed=2,
+        sequence_length=8,
+        tokenizer=Tokenizer(),
+        split="1",
+        reset_position_ids=False,
+        reset_attention_mask=False,
+        eod_mask_loss=False,
+        create_attention_mask=False,
+        path_to_cache=str(directory / "cache"),
+    )
+    rng = np.random.default_rng(2)
+    members = []
+    for number, (documents, samples) in enumerate([(10, 12), (6, 5)]):
+        prefix = str(directory / f"member{number}")
+        builder = IndexedDatasetBuilder(prefix + ".bin", dtype=np.uint16)
+        for _ in range(documents):
+            length = int(rng.integers(1, 20))
+            builder.add_document(np.append(rng.integers(1, 50, length), 0), [length + 1])
+        builder.finalize(prefix + ".idx")
+        low_level = IndexedDataset(prefix)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            members.append(
+                GPTDataset(
+                    low_level, prefix, np.arange(len(low_level), dtype=np.int32), samples,
+                    Split.train, config,
+                )
+            )  # fmt: skip
+    blend = BlendedDataset(members, [0.6, 0.4], 16, config)
+    cache = blend._cache
+    assert cache is not None
+    fixture = {
+        "blend": blend,
+        "cache": cache,
+        "specs": blend._specs(),
+        "servers": [member._serving() for member in members],
+        "files": {name: cache.array_path(name).read_bytes() for name in cache.array_names},
+        "description": cache.description_path.read_bytes(),
+    }
+    _state["blended"] = fixture
+    return fixture
+
+
+def load_blended_entry(data: bytes) -> dict[str, Any]:
+    """Replace one file of the blend's cache entry by `data[1:]` (`data[0]` picks the
+    description, `dataset_index` or `dataset_sample_index`) and load the entry as a non-building
+    rank does, then as a deferred (`defer_npy_index_mmap`) load does.
+
+    Raises:
+        CacheError: the entry is missing, unreadable, or its arrays do not fit the blend (wrong
+            dtype or length, a dataset id outside the members, a sample id past its member).
+    """
+    fixture = _blended_fixture()
+    cache: IndexCache = fixture["cache"]
+    selector, body = _split(data)
+    names = ("description", *cache.array_names)
+    target = names[selector % len(names)]
+    # restore every file, then replace one (through a new inode: old mappings stay valid)
+    for name in cache.array_names:
+        path = cache.array_path(name)
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+        path.write_bytes(body if name == target else fixture["files"][name])
+    with contextlib.suppress(FileNotFoundError):
+        cache.description_path.unlink()
+    cache.description_path.write_bytes(body if target == "description" else fixture["description"])
+    blend = fixture["blend"]
+    arrays, _ = cache.load_or_build(
+        _never_build, fixture["specs"], may_build=False, data_check="off"
+    )
+    blend._data_verified = True  # the harness's data never changes
+    deferred = blend._load_cached("defer_npy_index_mmap")
+    for name in cache.array_names:
+        if not np.array_equal(arrays[name], deferred[name]):
+            raise AssertionError(f"the two loads of {name} differ")
+    return arrays
+
+
+def blended_cache(data: bytes) -> bool:
+    """A BlendedDataset's cache entry with one fuzzed file (the description, `dataset_index` or
+    `dataset_sample_index`): the non-building loads refuse it with CacheError, or every sample of
+    the blend they accept is served through the C++ paths (the members' one-sample gather, the
+    blend's batched gather) and through the Python path (the members' per-document path), or
+    raises IndexError / DataFormatError (never reads out of bounds)."""
+    fixture = _blended_fixture()
+    try:
+        arrays = load_blended_entry(data)
+    except CacheError:
+        return False
+    blend = fixture["blend"]
+    blend.dataset_index = arrays["dataset_index"]
+    blend.dataset_sample_index = arrays["dataset_sample_index"]
+    count = len(blend)
+    members = blend.datasets
+    try:
+        for servers in (fixture["servers"], [None] * len(members)):  # C++, then Python
+            for member, server in zip(members, servers):
+                member._server = server
+            for sample in range(count):
+                with contextlib.suppress(IndexError, DataFormatError):
+                    blend[sample]
+            if count:
+                with contextlib.suppress(IndexError, DataFormatError):
+                    blend.get_batch(list(range(count)))
+                with contextlib.suppress(IndexError, DataFormatError):
+                    blend.__getitems__([count - 1, 0])
+    finally:
+        for member, server in zip(members, fixture["servers"]):
+            member._server = server
+    return True
+
+
 def _never_build() -> dict[str, Any]:
     raise AssertionError("a non-building rank must not build")
 
@@ -460,6 +597,7 @@ HARNESSES: dict[str, Callable[[bytes], bool]] = {
     "npy_tokens": npy_tokens,
     "cache_entry": cache_entry,
     "packing_plan": packing_plan,
+    "blended_cache": blended_cache,
     "tokenizer_fingerprint": tokenizer_fingerprint,
     "data_fingerprint": data_fingerprint_sidecar,
 }
@@ -473,6 +611,7 @@ ALLOWED: dict[str, tuple[type[BaseException], ...]] = {
     "npy_tokens": (DataFormatError,),
     "cache_entry": (CacheError, IndexError, DataFormatError),
     "packing_plan": (CacheError, IndexError, DataFormatError),
+    "blended_cache": (CacheError, IndexError, DataFormatError),
     "tokenizer_fingerprint": (DataFormatError,),
     "data_fingerprint": (DataFormatError,),
     "mixture_config": (ValueError,),  # MixtureConfigError (a TokenmillError and ValueError)
@@ -579,6 +718,14 @@ def _packing_seeds() -> list[bytes]:
     return [bytes([number]) + fixture["files"][name] for number, name in enumerate(names)]
 
 
+def _blended_seeds() -> list[bytes]:
+    fixture = _blended_fixture()
+    names = ("description", *fixture["cache"].array_names)
+    found = [bytes([0]) + fixture["description"]]
+    found += [bytes([names.index(n)]) + fixture["files"][n] for n in names[1:]]
+    return found
+
+
 def seeds(name: str) -> list[bytes]:
     """Valid inputs of harness `name` (its seed corpus), written by tokenmill's own writers."""
     makers: dict[str, Callable[[], list[Any]]] = {
@@ -588,6 +735,7 @@ def seeds(name: str) -> list[bytes]:
         "npy_tokens": _npy_seeds,
         "cache_entry": _cache_seeds,
         "packing_plan": _packing_seeds,
+        "blended_cache": _blended_seeds,
         "tokenizer_fingerprint": _tokenizer_seeds,
         "data_fingerprint": _fingerprint_seeds,
         "mixture_config": _mixture_seeds,
