@@ -24,6 +24,7 @@ entry).
 
     python benchmarks/bench_scale.py                              # 10, 100, 1000, 10000
     python benchmarks/bench_scale.py --sources 10 100 --strace 100
+    python benchmarks/bench_scale.py --sources 10000 --strace --repeat 1 --results scale_10000
 """
 
 from __future__ import annotations
@@ -240,12 +241,15 @@ def main() -> None:
     parser.add_argument("--strace", type=int, nargs="*", default=[100, 1000])
     parser.add_argument("--libraries", nargs="+", default=["megatron", "tokenmill"])
     parser.add_argument("--workdir", default=None, help="default: a temporary directory")
+    parser.add_argument(
+        "--results", default="scale", help="raw results: benchmarks/results/<this>.json"
+    )
     args = parser.parse_args()
 
     from evidence import Evidence  # benchmarks/evidence.py, beside this script
 
     root = Path(args.workdir or tempfile.mkdtemp(prefix="bench_scale_"))
-    evidence = Evidence("scale")
+    evidence = Evidence(args.results)
     every_run: list[dict[str, Any]] = []
     rows = []
     traces = []

@@ -346,6 +346,48 @@ def plot_mixture(record: dict[str, Any], path: Path) -> None:
     )
 
 
+def plot_scale(record: dict[str, Any], path: Path) -> None:
+    """Time to the first sample of a blend of S sources, per phase (fastest of the runs); the
+    10,000-source run under a descriptor limit (``scale_10000.json``) joins it when present."""
+    labels: list[str] = []
+    megatron: list[float] = []
+    tokenmill: list[float] = []
+    notes: list[str] = []
+    rows = list(record["summary"]["time_to_first_sample"])
+    extra = RESULTS / "scale_10000.json"
+    if extra.exists():
+        rows += json.loads(extra.read_text("utf-8"))["summary"]["time_to_first_sample"]
+    for row in rows:
+        best = row["best"]
+        for phase in ("cold", "warm", "warm, not building"):
+            theirs = best.get("megatron", {}).get(phase, {})
+            ours = best.get("tokenmill", {}).get(phase, {})
+            if "seconds" not in ours:
+                continue
+            limit = f", ulimit -n {row['fd_limit']}" if row.get("fd_limit") else ""
+            labels.append(f"S={row['sources']:,} {phase}{limit}")
+            tokenmill.append(ours["seconds"])
+            if "seconds" in theirs:
+                megatron.append(theirs["seconds"])
+                notes.append(f"{theirs['seconds'] / ours['seconds']:.1f}x")
+            else:
+                megatron.append(0.0)
+                error = str(theirs.get("error", "not run"))
+                notes.append("megatron-core: " + ("EMFILE" if "Errno 24" in error else error[:24]))
+    barh(
+        path,
+        f"Blend of S sources: builder to sample 0 (seconds, lower is better)\n{caption(record)}",
+        labels,
+        {
+            "megatron-core 0.19.2": (megatron, MEGATRON),
+            "tokenmill": (tokenmill, TOKENMILL),
+        },
+        "seconds (log)",
+        log=True,
+        annotate=notes,
+    )
+
+
 PLOTS: dict[str, Callable[[dict[str, Any], Path], None]] = {
     "gpt_index": plot_gpt_index,
     "indexed": plot_ratio_table("tokenmill", "Megatron .bin/.idx: finalize, add_index, reads"),
@@ -357,6 +399,7 @@ PLOTS: dict[str, Callable[[dict[str, Any], Path], None]] = {
     "mixture": plot_mixture,
     "packing": plot_packing,
     "durability": plot_durability,
+    "scale": plot_scale,
 }
 
 

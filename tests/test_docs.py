@@ -153,9 +153,6 @@ def test_readme_headline_figures_link_their_raw_results() -> None:
     table = text.split("## Headline numbers", 1)[1].split("\n## ", 1)[0]
     rows = [line for line in table.splitlines() if line.startswith("| ") and "---" not in line]
     for row in rows[1:]:
-        # bench_scale.py's rows wait for its re-run (SCALE.md), the only ones without raw results
-        if "benchmarks/SCALE.md" in row:
-            continue
         assert "](benchmarks/results/" in row, f"README headline row without raw results: {row}"
 
 
