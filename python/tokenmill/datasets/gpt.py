@@ -20,10 +20,11 @@ object for every sample when no reset flag is set).
 
 Serving: for an IndexedDataset mapped with `mmap=True` (the default) and integer tokens, samples
 come from the C++ batched gather of `tokenmill.serving.gpt` (one call resolves shuffle -> sample
--> document positions and writes every output). `__getitem__` gathers one sample (9–12 µs at
-2048 tokens on the 2-core dev VM, 5–6x faster than megatron-core in the same run),
-`__getitems__` / `get_batch` a whole batch into one tensor per key (3–5 µs per sample at 2048,
-mostly the memory traffic of the int64 outputs; see benchmarks/SERVING.md). The dataset is
+-> document positions and writes every output). `__getitem__` gathers one sample (about 7 µs at
+2048 tokens on the shared 2-core dev VM, 8x megatron-core in the same run),
+`__getitems__` / `get_batch` a whole batch into one tensor per key (about 5 µs per sample at 2048
+with 32 samples, mostly the memory traffic of the int64 outputs; benchmarks/SERVING.md, raw
+results in benchmarks/results/serving.json). The dataset is
 `tokenmill.serving.Servable` (`batch_layout()`, `fill_batch()`), which is how BlendedDataset
 gathers its members' rows into one batch. Other low-level datasets (mock data, `mmap=False`,
 float tokens) take the per-document Python path, with identical results; a megatron-core
