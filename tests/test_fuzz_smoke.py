@@ -180,6 +180,45 @@ def test_blended_cache_corruptions_raise_cache_error(case: str) -> None:
     assert harnesses.blended_cache(data) is False
 
 
+@pytest.mark.parametrize(
+    "case",
+    [
+        "ids_int32",
+        "samples_int32",
+        "ids_short",
+        "samples_truncated",
+        "ids_header_only",
+        "description_changed",
+    ],
+)
+def test_blended_cache_structure_is_checked_for_a_rank_that_trusts_the_builders(case: str) -> None:
+    """A rank that trusts the builders' verdict skips the value checks, not the structure: a
+    wrong dtype, length, extent or description is still CacheError."""
+    data, message = _blended_corruptions()[case]
+    trusting = bytes([data[0] | 0x80]) + data[1:]
+    with pytest.raises(CacheError, match=message):
+        harnesses.load_blended_entry(trusting)
+    assert harnesses.blended_cache(trusting) is False
+
+
+def test_blended_cache_unchecked_values_are_served_in_bounds_or_refused() -> None:
+    """A trusting rank loads out-of-range ids unchecked (the builders checked the entry they
+    committed); serving them raises IndexError instead of reading outside a member."""
+    cases = _blended_corruptions()
+    for case, row in [("id_too_big", 5), ("sample_past_member", 3)]:
+        data = cases[case][0]
+        trusting = bytes([data[0] | 0x80]) + data[1:]
+        arrays = harnesses.load_blended_entry(trusting)
+        assert harnesses.blended_cache(trusting) is True
+        blend = harnesses._blended_fixture()["blend"]
+        blend.dataset_index = arrays["dataset_index"]
+        blend.dataset_sample_index = arrays["dataset_sample_index"]
+        with pytest.raises(IndexError):
+            blend[row]
+        with pytest.raises(IndexError):
+            blend.get_batch([0, row])
+
+
 def test_blended_cache_accepts_and_serves_a_different_valid_entry() -> None:
     """A valid entry other than the writer's (every sample id 0) is accepted and served: the
     harness does not reject everything but the writer's bytes, and serves what it loaded."""

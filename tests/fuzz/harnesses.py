@@ -435,11 +435,21 @@ def _blended_fixture() -> dict[str, Any]:
     blend = BlendedDataset(members, [0.6, 0.4], 16, config)
     cache = blend._cache
     assert cache is not None
+    # the writer's files, hard-linked: restoring one keeps its size, mtime and inode, so the
+    # data fingerprint beside the entry still vouches for it (and for no fuzzed file)
+    pristine = directory / "pristine"
+    pristine.mkdir()
+    paths = {name: cache.array_path(name) for name in cache.array_names}
+    paths["description"] = cache.description_path
+    for name, path in paths.items():
+        os.link(path, pristine / name)
     fixture = {
         "blend": blend,
         "cache": cache,
         "specs": blend._specs(),
         "servers": [member._serving() for member in members],
+        "paths": paths,
+        "pristine": {name: pristine / name for name in paths},
         "files": {name: cache.array_path(name).read_bytes() for name in cache.array_names},
         "description": cache.description_path.read_bytes(),
     }
@@ -448,44 +458,58 @@ def _blended_fixture() -> dict[str, Any]:
 
 
 def load_blended_entry(data: bytes) -> dict[str, Any]:
-    """Replace one file of the blend's cache entry by `data[1:]` (`data[0]` picks the
-    description, `dataset_index` or `dataset_sample_index`) and load the entry as a non-building
-    rank does, then as a deferred (`defer_npy_index_mmap`) load does.
+    """Replace one file of the blend's cache entry by `data[1:]` and load the entry as a rank
+    that does not build it does: with the blend's data check, then, unless it trusts the builders,
+    as a deferred (`defer_npy_index_mmap`) load too. `data[0] & 0x7F` (mod 3) picks the
+    description, `dataset_index` or `dataset_sample_index`; bit 0x80 makes the rank trust the
+    builders' verdict (`trusting_builder`: structure checked, values not).
 
     Raises:
         CacheError: the entry is missing, unreadable, or its arrays do not fit the blend (wrong
             dtype or length, a dataset id outside the members, a sample id past its member).
     """
+    from tokenmill.index.cache import trusting_builder
+
     fixture = _blended_fixture()
     cache: IndexCache = fixture["cache"]
     selector, body = _split(data)
     names = ("description", *cache.array_names)
-    target = names[selector % len(names)]
-    # restore every file, then replace one (through a new inode: old mappings stay valid)
-    for name in cache.array_names:
-        path = cache.array_path(name)
+    target = names[(selector & 0x7F) % len(names)]
+    trusting = selector >= 0x80
+    # restore every file (a hard link to the writer's), then replace one through a new inode
+    # (old mappings stay valid; the data fingerprint no longer vouches for the entry)
+    for name, path in fixture["paths"].items():
+        original = fixture["pristine"][name]
+        if name != target and os.stat(path).st_ino == os.stat(original).st_ino:
+            continue
         with contextlib.suppress(FileNotFoundError):
             path.unlink()
-        path.write_bytes(body if name == target else fixture["files"][name])
-    with contextlib.suppress(FileNotFoundError):
-        cache.description_path.unlink()
-    cache.description_path.write_bytes(body if target == "description" else fixture["description"])
+        if name == target:
+            path.write_bytes(body)
+        else:
+            os.link(original, path)
     blend = fixture["blend"]
-    arrays, _ = cache.load_or_build(
-        _never_build, fixture["specs"], may_build=False, data_check="off"
-    )
-    blend._data_verified = True  # the harness's data never changes
-    deferred = blend._load_cached("defer_npy_index_mmap")
-    for name in cache.array_names:
-        if not np.array_equal(arrays[name], deferred[name]):
-            raise AssertionError(f"the two loads of {name} differ")
+    with trusting_builder() if trusting else contextlib.nullcontext():
+        arrays, _ = cache.load_or_build(
+            _never_build,
+            fixture["specs"],
+            may_build=False,
+            data_prefixes=blend.data_prefixes(),
+            data_check=blend._data_check(),
+        )
+    if not trusting:
+        blend._data_verified = True  # checked by the load above
+        deferred = blend._load_cached("defer_npy_index_mmap")
+        for name in cache.array_names:
+            if not np.array_equal(arrays[name], deferred[name]):
+                raise AssertionError(f"the two loads of {name} differ")
     return arrays
 
 
 def blended_cache(data: bytes) -> bool:
     """A BlendedDataset's cache entry with one fuzzed file (the description, `dataset_index` or
-    `dataset_sample_index`): the non-building loads refuse it with CacheError, or every sample of
-    the blend they accept is served through the C++ paths (the members' one-sample gather, the
+    `dataset_sample_index`): the loads of a rank that does not build refuse it with CacheError,
+    or every sample of the blend they accept (a trusting rank's: unchecked values) is served through the C++ paths (the members' one-sample gather, the
     blend's batched gather) and through the Python path (the members' per-document path), or
     raises IndexError / DataFormatError (never reads out of bounds)."""
     fixture = _blended_fixture()
