@@ -326,3 +326,41 @@ def test_a_blend_fingerprints_each_data_file_once(
     config = make_config(tmp_path / "cache", split="80,20,0", blend=(prefixes, [1, 2, 3, 4]))
     BlendedMegatronDatasetBuilder(GPTDataset, [200, 20, 0], lambda: True, config).build()
     assert sorted(calls) == sorted(p + s for p in prefixes for s in (".bin", ".idx"))
+
+
+def test_a_trusting_rank_refuses_negative_ids_of_a_damaged_blend_entry(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tokenmill.datasets.builder import BlendedMegatronDatasetBuilder
+    from tokenmill.datasets.gpt import GPTDataset
+
+    rng = np.random.default_rng(8)
+    prefixes = [
+        write_megatron_shard(tmp_path / f"s{i}", random_documents(rng, 60)) for i in range(2)
+    ]
+    config = make_config(tmp_path / "cache", split="100,0,0", blend=(prefixes, [1, 1]))
+
+    def open_blend() -> Any:
+        return BlendedMegatronDatasetBuilder(GPTDataset, [100, 0, 0], lambda: True, config).build()[
+            0
+        ]
+
+    built = open_blend()
+    for name, position in (("dataset_index", 3), ("dataset_sample_index", 5)):
+        (path,) = tmp_path.glob(f"cache/*-BlendedDataset-train-{name}.npy")
+        original = np.load(path)
+        damaged = original.copy()
+        damaged[position] = -1  # wraps around to another sample under numpy/list indexing
+        np.save(path, damaged)
+        with monkeypatch.context() as scoped:
+            scoped.setattr("tokenmill.datasets.gpt.is_cache_builder", lambda scope: False)
+            scoped.setattr("tokenmill.datasets.blended.is_cache_builder", lambda scope: False)
+            with cache_module.trusting_builder():
+                trusted = open_blend()
+        damage = rf"{name[:7]}.*sample {position} .*damaged index"
+        with pytest.raises(IndexError, match=damage):
+            trusted[position]
+        with pytest.raises(IndexError, match=damage):
+            trusted.get_batch([0, position])
+        np.testing.assert_array_equal(trusted[0]["tokens"], built[0]["tokens"])
+        np.save(path, original)

@@ -292,7 +292,27 @@ class BlendedDataset:
         assert self.dataset_index is not None and self.dataset_sample_index is not None
         dataset_id = self.dataset_index[idx]
         dataset_sample_id = self.dataset_sample_index[idx]
+        if dataset_id < 0 or dataset_sample_id < 0 or dataset_id >= len(self.datasets):
+            self._refuse_ids(np.asarray([idx]), np.asarray([dataset_id]), [dataset_sample_id])
         return {"dataset_id": dataset_id, **self.datasets[dataset_id][dataset_sample_id]}
+
+    def _refuse_ids(self, where: Any, dataset_ids: Any, sample_ids: Any) -> None:
+        """IndexError for the first id outside its range. Ranks that trust the builders skip the
+        value checks of a cached entry, and Python and numpy indexing would wrap a negative id
+        around to another sample: an id from a damaged file must fail, naming the file, instead.
+        """
+        sample_ids = np.asarray(sample_ids)
+        bad = (dataset_ids < 0) | (dataset_ids >= len(self.datasets)) | (sample_ids < 0)
+        at = int(np.argmax(bad))
+        source = (
+            f"{self._cache.array_path('dataset_index')} / dataset_sample_index"
+            if self._cache is not None
+            else "the blend's index"
+        )
+        raise IndexError(
+            f"{source}: sample {int(where[at])} names dataset {int(dataset_ids[at])} (of "
+            f"{len(self.datasets)}) and its sample {int(sample_ids[at])}: a damaged index"
+        )
 
     def __getitems__(self, indices: Sequence[int]) -> SampleBatch | list[Any]:
         """A batch (torch's batched-fetch protocol): see `get_batch` and `SampleBatch`.
@@ -355,6 +375,10 @@ class BlendedDataset:
         dataset_ids = self.dataset_index[index_array]
         sample_ids = np.ascontiguousarray(self.dataset_sample_index[index_array], dtype=np.int64)
         members = np.unique(dataset_ids).tolist()
+        if members and (
+            members[0] < 0 or members[-1] >= len(self.datasets) or sample_ids.min() < 0
+        ):
+            self._refuse_ids(index_array, dataset_ids, sample_ids)
         used = [self.datasets[member] for member in members]
         if not used:
             raise ValueError("get_batch needs at least one index")
