@@ -15,8 +15,16 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 # what a build reads: CMake, the C++ sources, the package, the metadata (README is the long
-# description)
-BUILD_INPUTS = ("CMakeLists.txt", "cmake/", "csrc/", "python/", "pyproject.toml", "README.md")
+# description, LICENSE goes into the sdist and the wheel metadata)
+BUILD_INPUTS = (
+    "CMakeLists.txt",
+    "cmake/",
+    "csrc/",
+    "python/",
+    "pyproject.toml",
+    "README.md",
+    "LICENSE",
+)
 
 
 def tracked_build_inputs() -> set[str]:
