@@ -215,3 +215,21 @@ def test_a_blend_build_fsyncs_in_rounds_not_per_file(
     first_description = next(i for i, (k, p) in enumerate(events) if p.endswith("description.txt"))
     member_files = [i for i, (k, p) in enumerate(events) if k == "file"][:48]
     assert max(member_files) < first_description
+
+
+def test_owner_tag_names_the_process_after_a_fork() -> None:
+    import multiprocessing
+
+    from tokenmill.common.owner import owner_tag
+
+    parent = owner_tag()
+    assert parent.endswith(f"-{os.getpid()}") and owner_tag() == parent
+    with multiprocessing.get_context("fork").Pool(1) as pool:
+        child, child_pid = pool.apply(_tag_and_pid)
+    assert child == parent.rsplit("-", 1)[0] + f"-{child_pid}" and child_pid != os.getpid()
+
+
+def _tag_and_pid() -> tuple[str, int]:
+    from tokenmill.common.owner import owner_tag
+
+    return owner_tag(), os.getpid()

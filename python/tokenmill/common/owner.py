@@ -11,12 +11,22 @@ docs/cache-protocol.md.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import shutil
 import socket
 import time
+from collections.abc import Callable
 
-__all__ = ["MAX_AGE", "is_abandoned", "owner_tag", "pid_alive", "pid_namespace"]
+__all__ = [
+    "MAX_AGE",
+    "is_abandoned",
+    "owner_tag",
+    "pid_alive",
+    "pid_namespace",
+    "remove_abandoned",
+]
 
 MAX_AGE = 24 * 3600.0
 """Seconds after which any temporary file is abandoned (no build writes for a day)."""
@@ -36,9 +46,19 @@ def pid_namespace() -> int:
         return 0
 
 
+# (pid, tag) of this process: every temporary file carries the tag, and a blend's cold build
+# writes thousands of them (three system calls each to recompute it); a forked child recomputes
+_OWNER_TAG: tuple[int, str] | None = None
+
+
 def owner_tag() -> str:
     """``tm-<host>-<pid namespace>-<pid>``: this process, as its temporary files name it."""
-    return f"tm-{_host()}-{pid_namespace()}-{os.getpid()}"
+    global _OWNER_TAG
+    pid = os.getpid()
+    cached = _OWNER_TAG
+    if cached is None or cached[0] != pid:
+        cached = _OWNER_TAG = (pid, f"tm-{_host()}-{pid_namespace()}-{pid}")
+    return cached[1]
 
 
 def pid_alive(pid: int) -> bool:
@@ -65,3 +85,24 @@ def is_abandoned(name: str, mtime: float, now: float | None = None) -> bool:
         return False
     pid = int(match["pid"])
     return pid != os.getpid() and not pid_alive(pid)
+
+
+def remove_abandoned(directory: str | os.PathLike[str], wanted: Callable[[str], bool]) -> None:
+    """Remove the entries of `directory` whose name `wanted` selects and that provably have no
+    live writer (:func:`is_abandoned`): files are unlinked, directories removed with their
+    contents. Best effort per entry (another cleaner may be faster).
+
+    Raises:
+        OSError: `directory` cannot be listed.
+    """
+    with os.scandir(directory) as entries:
+        for entry in entries:
+            if not wanted(entry.name):
+                continue
+            with contextlib.suppress(OSError):
+                if not is_abandoned(entry.name, entry.stat(follow_symlinks=False).st_mtime):
+                    continue
+                if entry.is_dir(follow_symlinks=False):
+                    shutil.rmtree(entry.path, ignore_errors=True)
+                else:
+                    os.unlink(entry.path)

@@ -55,7 +55,7 @@ import numpy.typing as npt
 
 from tokenmill.common.atomic import AtomicFile, commit_together
 from tokenmill.common.mapping import resource_error
-from tokenmill.common.owner import is_abandoned
+from tokenmill.common.owner import remove_abandoned
 from tokenmill.errors import CacheError, DataFormatError, ResourceLimitError, StaleCacheError
 from tokenmill.formats.npy import load_npy, load_npy_and_status
 from tokenmill.index import cache_checks
@@ -255,13 +255,7 @@ def _sweep_abandoned(directory: Path) -> None:
             return
         _SWEPT.add(directory)
     try:
-        with os.scandir(directory) as entries:
-            for entry in entries:
-                if not (entry.name.startswith(".") and entry.name.endswith(".tmp")):
-                    continue
-                with contextlib.suppress(OSError):
-                    if is_abandoned(entry.name, entry.stat(follow_symlinks=False).st_mtime):
-                        os.unlink(entry.path)
+        remove_abandoned(directory, lambda name: name.startswith(".") and name.endswith(".tmp"))
     except OSError as error:  # best effort: leftovers are hidden and harmless
         logger.debug("cannot sweep %s for abandoned temporary files: %s", directory, error)
 

@@ -234,6 +234,11 @@ def vouches_for(recorded: Mapping[str, Any] | None, current: Mapping[str, dict[s
     return all(arrays.get(name) == status for name, status in current.items())
 
 
+def _is_count(value: Any) -> bool:
+    """A JSON integer >= 0 (sizes, times, inodes; not a bool)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
 def _validate(payload: Any, path: str) -> None:
     check_header(payload, path, FORMAT, VERSION, "fingerprint", DataFormatError)
     arrays = payload.get("arrays")
@@ -248,7 +253,7 @@ def _validate(payload: Any, path: str) -> None:
                 )
             for field in ARRAY_FIELDS:
                 value = entry[field]
-                if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                if not _is_count(value):
                     raise DataFormatError(
                         f"{path}: arrays[{name!r}] field {field!r} is invalid: {value!r:.80}"
                     )
@@ -266,11 +271,7 @@ def _validate(payload: Any, path: str) -> None:
                 raise DataFormatError(f"{path}: {prefix}{suffix} must be an object")
             for field in _FILE_FIELDS:
                 value = entry.get(field)
-                valid = (
-                    isinstance(value, str)
-                    if field == "sample_sha256"
-                    else isinstance(value, int) and not isinstance(value, bool) and value >= 0
-                )
+                valid = isinstance(value, str) if field == "sample_sha256" else _is_count(value)
                 if not valid:
                     raise DataFormatError(
                         f"{path}: {prefix}{suffix} field {field!r} is invalid: {value!r:.80}"

@@ -61,7 +61,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from tokenmill.common.atomic import atomic_write_text, durable_replace
-from tokenmill.common.owner import MAX_AGE, is_abandoned, owner_tag
+from tokenmill.common.owner import MAX_AGE, owner_tag, remove_abandoned
 from tokenmill.storage.manifest import Manifest, ManifestObject
 
 __all__ = [
@@ -246,15 +246,7 @@ def _sweep(local: str) -> None:
             return
         _swept.add(local)
     try:
-        with os.scandir(local) as entries:
-            for entry in entries:
-                if ".fetch.tm-" not in entry.name or not entry.name.endswith(".tmp"):
-                    continue
-                with contextlib.suppress(OSError):
-                    if entry.is_dir(follow_symlinks=False) and is_abandoned(
-                        entry.name, entry.stat(follow_symlinks=False).st_mtime
-                    ):
-                        shutil.rmtree(entry.path, ignore_errors=True)
+        remove_abandoned(local, lambda name: ".fetch.tm-" in name and name.endswith(".tmp"))
     except OSError as error:  # best effort: leftovers are hidden and harmless
         logger.debug("cannot sweep %s: %s", local, error)
 
