@@ -98,7 +98,7 @@ def _rank_main(job: dict[str, Any], rank: int) -> None:
     import torch.distributed as dist
 
     import tokenmill.datasets.gpt as gpt_module
-    import tokenmill.index.cache as cache_module
+    import tokenmill.index.cache_writes as writes_module
     from tokenmill.common import distributed
 
     rng = random.Random(job["seed"] * 1000 + rank + 7 * job["job"])
@@ -111,7 +111,7 @@ def _rank_main(job: dict[str, Any], rank: int) -> None:
     elif job["lock"] == "node_local":
         fcntl.flock = lambda descriptor, operation: None  # type: ignore[assignment]
     builder = distributed.local_rank() == 0 if job["scope"] == "node" else rank == 0
-    real_save = cache_module._npy_writer
+    real_save = writes_module._npy_writer
     saves = [0]
     kill_at = job["kill_at"] if builder and rank in job["kill_ranks"] else None
 
@@ -122,7 +122,7 @@ def _rank_main(job: dict[str, Any], rank: int) -> None:
             os.kill(os.getpid(), signal.SIGKILL)
         return real_save(path, array)
 
-    cache_module._npy_writer = slow_save
+    writes_module._npy_writer = slow_save
     if job.get("fail") and builder:
 
         def broken(*args: Any, **kwargs: Any) -> Any:

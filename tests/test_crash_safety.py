@@ -72,7 +72,7 @@ def temporaries(directory: Path) -> set[str]:
 CACHE_CHILD = """
 import numpy as np
 from test_stale_data import build, make_config
-import tokenmill.index.cache as cache_module
+import tokenmill.index.cache_writes as writes_module
 import tokenmill.index.fingerprint as fingerprint_module
 point = {point!r}
 if point == "mid-array":
@@ -84,22 +84,22 @@ if point == "mid-array":
         pause()
     np.save = half_save
 elif point == "third-array":
-    real = cache_module._npy_writer
+    real = writes_module._npy_writer
     calls = []
     def third(path, array):
         calls.append(path)
         if len(calls) == 3:
             pause()
         return real(path, array)
-    cache_module._npy_writer = third
+    writes_module._npy_writer = third
 elif point in ("description", "rebuild"):
     # arrays and data fingerprint renamed into place, the descriptions (commit points) not yet
-    real_commit = cache_module.commit_together
+    real_commit = writes_module.commit_together
     def before_descriptions(files):
         if any(str(file.path).endswith("-description.txt") for file in files):
             pause()
         real_commit(files)
-    cache_module.commit_together = before_descriptions
+    writes_module.commit_together = before_descriptions
 if point == "rebuild":
     # the entry exists (built by the parent) but its data changed: killed while rebuilding it
     pass

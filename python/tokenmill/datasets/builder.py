@@ -38,7 +38,8 @@ from tokenmill.datasets.utils import (
     split_bounds,
 )
 from tokenmill.errors import ResourceLimitError
-from tokenmill.index.cache import deferred_commits, trusting_builder
+from tokenmill.index.cache import trusting_builder
+from tokenmill.index.cache_writes import deferred_commits
 from tokenmill.index.fingerprint import once_per_file
 
 __all__ = ["BlendedMegatronDatasetBuilder"]

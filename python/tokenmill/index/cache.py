@@ -6,14 +6,16 @@ index array, written with ``numpy.save``.
 
 Beyond megatron-core:
 
-* every file is written to a temporary name in the same directory and renamed into place; the
-  description is renamed last (the commit point), so a crash leaves no description and the next
-  run sees a miss. Committed files are never deleted, and a rebuild renames identical bytes over
+* every file is written to a temporary name in the same directory, fsynced and renamed into
+  place (`tokenmill.index.cache_writes`, in batches for a blend's members); the description is
+  renamed last (the commit point), so a crash leaves no description and the next run sees a
+  miss. Committed files are never deleted, and a rebuild renames identical bytes over
   them (the build is deterministic). Temporary files name their writer (host and pid) and are
   removed only when provably abandoned (`tokenmill.common.owner`), by one directory scan per
   process, never one per entry;
-* a builder takes an exclusive ``fcntl`` lock on ``.<base>.lock`` (removed again on release) and
-  re-checks for a hit once it has it, so builders sharing a directory usually build once. The
+* a builder outside a batch takes an exclusive ``fcntl`` lock on ``.<base>.lock`` (removed
+  again on release) and re-checks for a hit once it has it, so builders sharing a directory
+  usually build once. The
   lock only saves duplicate work: where locks fail (``ENOLCK``) or are node-local, racing
   builders each build and rename the same bytes, and every reader still sees a whole entry;
 * a hit requires the description to match byte for byte and each array to have the dtype and
@@ -53,13 +55,18 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from tokenmill.common.atomic import AtomicFile, commit_together
 from tokenmill.common.mapping import resource_error
 from tokenmill.common.owner import remove_abandoned
 from tokenmill.errors import CacheError, DataFormatError, ResourceLimitError, StaleCacheError
 from tokenmill.formats.npy import load_npy, load_npy_and_status
 from tokenmill.index import cache_checks
 from tokenmill.index import fingerprint as data_fingerprint
+from tokenmill.index.cache_writes import (
+    atomic_save_npy,
+    batch_active,
+    deferred_commits,
+    write_entry,
+)
 from tokenmill.storage.remote_cache import is_remote_cache
 
 logger = logging.getLogger(__name__)
@@ -96,26 +103,6 @@ class ArraySpec:
         if self.shape is not None and tuple(array.shape) != self.shape:
             return f"shape {tuple(array.shape)} (expected {self.shape})"
         return None
-
-
-def _npy_writer(path: Path, array: npt.NDArray[Any]) -> AtomicFile:
-    """`array` numpy.saved under the temporary name of `path`, for the caller to commit."""
-    target = AtomicFile(path)
-    try:
-        np.save(target.stream, array, allow_pickle=False)
-    except BaseException:
-        target.abort()
-        raise
-    return target
-
-
-def atomic_save_npy(path: Path, array: npt.NDArray[Any]) -> None:
-    """numpy.save `array` to `path` (same bytes) through a temporary file and a rename."""
-    target = _npy_writer(path, array)
-    try:
-        target.commit()
-    finally:
-        target.abort()  # no-op after commit
 
 
 @dataclass(frozen=True)
@@ -168,51 +155,6 @@ _SESSION_LOCK = threading.Lock()
 _TRUSTING = 0
 # Directories whose abandoned temporary files this process has already looked for.
 _SWEPT: set[Path] = set()
-# The entries saved inside deferred_commits(), committed together when it ends (process-wide
-# for the same reason as _SESSION): per entry, its data files and its description.
-_DEFERRED: list[tuple[list[AtomicFile], AtomicFile]] | None = None
-
-
-@contextlib.contextmanager
-def deferred_commits() -> Iterator[None]:
-    """Within the block, `IndexCache.save` writes each entry's files and commits every entry
-    at the end, together (`commit_together`): one parallel round of fsyncs for all files instead
-    of serial ones per entry (a blend of 1,000 sources writes 5,000 files; fsynced one after
-    another that is seconds to tens of seconds on a busy disk). Every entry's data files are
-    renamed before any description (the commit point), and the directory is fsynced once.
-
-    Entries saved in the block are used from memory by this process and become visible to others
-    when it ends: the builder wraps its whole batch in it, before its collective reports success.
-    Entries completed before an exception are still committed (each is complete and checked).
-    Nested blocks join the outermost one.
-    """
-    global _DEFERRED
-    with _SESSION_LOCK:
-        outermost = _DEFERRED is None
-        if outermost:
-            _DEFERRED = []
-    if not outermost:
-        yield
-        return
-    try:
-        yield
-    finally:
-        with _SESSION_LOCK:
-            entries, _DEFERRED = _DEFERRED or [], None
-        if entries:
-            _commit_entries(entries)
-
-
-def _commit_entries(entries: Sequence[tuple[Sequence[AtomicFile], AtomicFile]]) -> None:
-    """Data files of every entry, then every description; on failure nothing uncommitted is left
-    behind (temporary files are removed)."""
-    try:
-        commit_together([file for files, _ in entries for file in files])
-        commit_together([description for _, description in entries])
-    finally:
-        for files, description in entries:
-            for file in (*files, description):
-                file.abort()  # no-op after commit
 
 
 @contextlib.contextmanager
@@ -460,7 +402,7 @@ class IndexCache:
     ) -> None:
         """Write every array, the data fingerprint and the description, each under a temporary
         name, then commit them: the arrays and fingerprint fsynced and renamed first, the
-        description (the commit point) after them (`commit_together`; inside
+        description (the commit point) after them (`cache_writes.write_entry`; inside
         `deferred_commits()` when that block ends). Nothing committed is deleted first: a
         concurrent builder renames the same bytes, and a reader that opened a file keeps it.
 
@@ -468,34 +410,15 @@ class IndexCache:
         array file (size, mtime, inode) so later loads of these very files skip the value checks.
         """
         self.directory.mkdir(parents=True, exist_ok=True)
-        files: list[AtomicFile] = []
-        written: dict[str, dict[str, int]] = {}
-        try:
-            for name in self.array_names:
-                file = _npy_writer(self.array_path(name), arrays[name])
-                files.append(file)
-                file.stream.flush()
-                # the rename keeps size, mtime and inode: the sidecar vouches for these files
-                written[name] = data_fingerprint.array_status(os.fstat(file.stream.fileno()))
-            if fingerprint is not None:
-                vouched = {**fingerprint, "arrays": written} if vouch else dict(fingerprint)
-                files.append(data_fingerprint.fingerprint_writer(self.fingerprint_path, vouched))
-            description = AtomicFile(self.description_path)
-            files.append(description)
-            description.stream.write(self.description.encode("utf-8"))
-        except BaseException:
-            for file in files:
-                file.abort()
-            raise
-        data = files[:-1]
-        for file in files:
-            file.close_written()
-        with _SESSION_LOCK:
-            batch = _DEFERRED
-            if batch is not None:
-                batch.append((data, description))
-                return
-        _commit_entries([(data, description)])
+        write_entry(
+            {name: self.array_path(name) for name in self.array_names},
+            arrays,
+            self.fingerprint_path,
+            fingerprint,
+            self.description_path,
+            self.description,
+            vouch,
+        )
 
     def load_or_build(
         self,
@@ -589,7 +512,7 @@ class IndexCache:
             )
         # Inside deferred_commits() an entry becomes visible only when the whole batch commits,
         # so a lock held while building it could not spare another builder any work: skip it.
-        with contextlib.nullcontext() if _DEFERRED is not None else self.locked():
+        with contextlib.nullcontext() if batch_active() else self.locked():
             # another writer may have built it while this process waited for the lock
             arrays, problems = self.load(specs, check_description=not trust_presence)
             if arrays is not None and not (checking and self.stale_reasons(data_prefixes)[0]):
