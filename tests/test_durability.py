@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import errno
+import itertools
 import os
 import stat
 import subprocess
@@ -233,3 +235,80 @@ def _tag_and_pid() -> tuple[str, int]:
     from tokenmill.common.owner import owner_tag
 
     return owner_tag(), os.getpid()
+
+
+@pytest.mark.parametrize(
+    "array",
+    [
+        np.arange(10, dtype=np.int32),
+        np.arange(12, dtype=np.int64).reshape(6, 2),
+        np.empty(0, dtype=np.uint32),
+        np.arange(9, dtype=np.uint16)[::2],  # not contiguous: written as its contiguous copy
+        np.zeros((0, 2), dtype=np.int64),
+    ],
+    ids=["int32", "int64-2d", "empty", "strided", "empty-2d"],
+)
+def test_cache_arrays_hold_the_bytes_numpy_save_writes(tmp_path: Path, array: np.ndarray) -> None:
+    from tokenmill.index.cache_writes import atomic_save_npy
+
+    atomic_save_npy(tmp_path / "ours.npy", array)
+    np.save(tmp_path / "numpy.npy", np.ascontiguousarray(array), allow_pickle=False)
+    assert (tmp_path / "ours.npy").read_bytes() == (tmp_path / "numpy.npy").read_bytes()
+    np.testing.assert_array_equal(np.load(tmp_path / "ours.npy"), array)
+
+
+def test_written_file_is_invisible_until_committed_and_named_for_its_owner(
+    tmp_path: Path,
+) -> None:
+    from tokenmill.common import owner
+
+    written = atomic.WrittenFile(tmp_path / "entry.npy", (b"abc", memoryview(b"def")))
+    assert os.listdir(tmp_path) == [os.path.basename(written.temporary_path)]
+    name = os.path.basename(written.temporary_path)
+    assert name.startswith(f".entry.npy.{owner.owner_tag()}.") and name.endswith(".tmp")
+    # the cleaner's rules apply to it: a live writer's file (this process) is never abandoned
+    assert not owner.is_abandoned(name, os.stat(written.temporary_path).st_mtime)
+    assert written.status.st_size == 6
+    atomic.commit_together([written])
+    assert os.listdir(tmp_path) == ["entry.npy"]
+    assert (tmp_path / "entry.npy").read_bytes() == b"abcdef"
+
+
+def test_written_file_abort_and_errors(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    written = atomic.WrittenFile(tmp_path / "a.txt", (b"x",))
+    written.abort()
+    assert os.listdir(tmp_path) == []
+    with pytest.raises(FileNotFoundError, match=r"directory of .* does not exist: .*missing"):
+        atomic.WrittenFile(tmp_path / "missing" / "a.txt", (b"x",))
+    # a temporary name left by an earlier process with the same pid is skipped, not reused
+    monkeypatch.setattr(atomic, "_TEMPORARY_NUMBERS", itertools.count(7))
+    from tokenmill.common.owner import owner_tag
+
+    stale = tmp_path / f".b.txt.{owner_tag()}.7.tmp"
+    stale.write_bytes(b"old")
+    written = atomic.WrittenFile(tmp_path / "b.txt", (b"new",))
+    assert written.temporary_path.endswith(".8.tmp")
+    assert stale.read_bytes() == b"old"
+
+    # a failed write (disk full) leaves nothing behind and reports the error
+    def full(descriptor: int, data: memoryview) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(atomic, "_write_all", full)
+    with pytest.raises(OSError, match="No space left"):
+        atomic.WrittenFile(tmp_path / "c.txt", (b"data",))
+    assert not [name for name in os.listdir(tmp_path) if name.startswith(".c.txt")]
+
+
+def test_written_files_get_the_mode_the_umask_gives(tmp_path: Path) -> None:
+    script = (
+        "import os, sys; os.umask(0o027)\n"
+        "from tokenmill.common import atomic\n"
+        "atomic.commit_together([atomic.WrittenFile(sys.argv[1], (b'x',))])\n"
+        "print(oct(os.stat(sys.argv[1]).st_mode & 0o777))\n"
+    )
+    output = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path / "f")], capture_output=True, text=True,
+        check=True,
+    ).stdout.split()  # fmt: skip
+    assert output == ["0o640"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import pickle
@@ -15,6 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+import tokenmill.common.atomic as atomic
 from tokenmill.datasets.gpt import GPTDataset, GPTDatasetConfig
 from tokenmill.datasets.utils import Split
 from tokenmill.errors import CacheError, PerformanceWarning
@@ -155,18 +157,18 @@ def test_interrupted_write_leaves_no_description(
     """The description is the commit point: a crash before it means a miss, never a bad hit."""
     config = make_config(shard, tmp_path / "cache")
     calls = {"count": 0}
-    real_save = np.save
+    real_write = atomic._write_all
 
-    def failing_save(file: Any, array: Any, *args: Any, **kwargs: Any) -> None:
+    def failing_write(descriptor: int, data: memoryview) -> None:
         calls["count"] += 1
-        if calls["count"] == 2:
-            raise OSError("disk full")
-        real_save(file, array, *args, **kwargs)
+        if calls["count"] == 3:  # the second array's header, after the first array
+            raise OSError(errno.ENOSPC, "disk full")
+        real_write(descriptor, data)
 
-    monkeypatch.setattr(np, "save", failing_save)
+    monkeypatch.setattr(atomic, "_write_all", failing_write)
     with pytest.raises(OSError, match="disk full"):
         build(shard, config)
-    monkeypatch.setattr(np, "save", real_save)
+    monkeypatch.setattr(atomic, "_write_all", real_write)
     leftovers = sorted(p.name for p in (tmp_path / "cache").iterdir() if not p.name.startswith("."))
     assert not any(name.endswith("description.txt") for name in leftovers)
     assert not any(name.endswith(".tmp") for name in os.listdir(tmp_path / "cache"))
@@ -367,3 +369,23 @@ def test_rng_documents_cover_every_epoch(tmp_path: Path) -> None:
             # the first E-1 epochs are shuffled together unless the final epoch is separate
             break
     assert np.array_equal(np.bincount(document_index, minlength=50), np.full(50, epochs))
+
+
+def test_kernel_output_of_the_wrong_shape_is_never_saved(
+    shard: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The index kernels' values are not re-checked before saving (the suite holds them to the
+    references), but their dtypes and shapes are: a wrong array is an error, and no entry."""
+    import tokenmill.datasets.gpt as gpt_module
+
+    real = gpt_module.build_gpt_indices
+
+    def short(*args: Any, **kwargs: Any) -> Any:
+        document_index, sample_index, shuffle_index = real(*args, **kwargs)
+        return document_index, sample_index, shuffle_index[:-1]
+
+    monkeypatch.setattr(gpt_module, "build_gpt_indices", short)
+    config = make_config(shard, tmp_path / "cache")
+    with pytest.raises(CacheError, match=r"built index arrays are invalid: .*shuffle_index.*shape"):
+        build(shard, config)
+    assert not list((tmp_path / "cache").rglob("*description.txt"))

@@ -303,3 +303,79 @@ def test_malformed_fingerprint_is_a_data_format_error(
 
 def test_stale_error_is_a_cache_error() -> None:
     assert issubclass(StaleCacheError, CacheError)
+
+
+def _counting_fingerprints(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    read: list[str] = []
+    real = fingerprint.fingerprint_file
+
+    def counting(path: Any) -> dict[str, Any]:
+        read.append(os.fspath(path))
+        return real(path)
+
+    monkeypatch.setattr(fingerprint, "fingerprint_file", counting)
+    return read
+
+
+def test_unchanged_data_is_checked_by_its_stat_alone(
+    shard: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Size, mtime, ctime and inode as recorded, and older than the sidecar: no read."""
+    monkeypatch.setattr(fingerprint, "IDENTITY_MARGIN_NS", 0)  # the shard was written just now
+    config = make_config(tmp_path / "cache", cache_data_check="error")
+    first = build(shard, config)
+    sidecar = json.loads(next((tmp_path / "cache").glob("*-data.tokenmill.json")).read_text())
+    recorded = sidecar["datasets"][shard][".bin"]
+    status = os.stat(shard + ".bin")
+    assert (recorded["ctime_ns"], recorded["inode"]) == (status.st_ctime_ns, status.st_ino)
+    read = _counting_fingerprints(monkeypatch)
+    assert_same_arrays(first, build(shard, config))
+    assert read == []
+
+
+def test_data_changed_in_the_tick_of_its_fingerprint_is_hashed(
+    shard: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A file whose last change is not well before the sidecar ("racy") is read and hashed:
+    a second write in the same clock tick could have left the same times."""
+    config = make_config(tmp_path / "cache", cache_data_check="error")
+    build(shard, config)  # the shard was written moments ago: within IDENTITY_MARGIN_NS
+    read = _counting_fingerprints(monkeypatch)
+    build(shard, config)
+    assert sorted(set(read)) == [shard + ".bin", shard + ".idx"]
+
+
+def test_rewrite_that_restores_size_and_mtime_is_hashed_and_caught(
+    shard: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A rewrite in place moves the ctime (no user can set it back): the stat no longer vouches,
+    the sampled hash is compared and the change is caught, even past the margin."""
+    monkeypatch.setattr(fingerprint, "IDENTITY_MARGIN_NS", 0)
+    config = make_config(tmp_path / "cache", cache_data_check="error")
+    build(shard, config)
+    status = os.stat(shard + ".bin")
+    tokens = np.fromfile(shard + ".bin", dtype=np.uint16)
+    tokens[:10] = 7
+    time.sleep(0.01)  # past the filesystem's timestamp tick
+    tokens.tofile(shard + ".bin")
+    os.utime(shard + ".bin", ns=(status.st_atime_ns, status.st_mtime_ns))
+    assert os.stat(shard + ".bin").st_ctime_ns != status.st_ctime_ns
+    with pytest.raises(StaleCacheError, match=rf"{shard}\.bin: sample_sha256 was"):
+        build(shard, config)
+
+
+def test_sidecars_without_identity_fields_are_still_valid(shard: str, tmp_path: Path) -> None:
+    """Sidecars of earlier versions (no ctime_ns / inode) are read and compared by hash."""
+    config = make_config(tmp_path / "cache", cache_data_check="error")
+    first = build(shard, config)
+    path = next((tmp_path / "cache").glob("*-data.tokenmill.json"))
+    payload = json.loads(path.read_text())
+    for files in payload["datasets"].values():
+        for entry in files.values():
+            del entry["ctime_ns"], entry["inode"]
+    path.write_text(json.dumps(payload))
+    assert_same_arrays(first, build(shard, config))
+    payload["datasets"][shard][".bin"]["inode"] = -1
+    path.write_text(json.dumps(payload))
+    with pytest.raises(DataFormatError, match=r"\.bin field 'inode' is invalid: -1"):
+        fingerprint.read_fingerprint(path)

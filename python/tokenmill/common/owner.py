@@ -1,7 +1,7 @@
 """Who wrote a temporary file, and whether that writer is provably gone.
 
 Temporary files (``common.atomic``) carry their writer in their name,
-``.<final name>.tm-<host>-<pid namespace>-<pid>.<random>.tmp``, so a cleaner on a shared
+``.<final name>.tm-<host>-<pid namespace>-<pid>.<number>.tmp``, so a cleaner on a shared
 filesystem can tell a live builder's file (never touched) from one a killed process left behind:
 the owner ran on this host, in this pid namespace (containers sharing a host name do not see
 each other's pids), and its pid no longer exists; or the file is older than :data:`MAX_AGE`

@@ -220,6 +220,7 @@ class BlendedDataset:
                 may_build=is_cache_builder(getattr(self.config, "cache_build_scope", "global")),
                 data_prefixes=self.data_prefixes(),
                 data_check=self._data_check(),
+                kernel_built=type(self)._compute is BlendedDataset._compute,
             )
             self._data_verified = True
         return arrays["dataset_index"], arrays["dataset_sample_index"]

@@ -412,6 +412,7 @@ class GPTDataset(MegatronDataset):
                 may_build=is_cache_builder(self.config.cache_build_scope),
                 data_prefixes=self.data_prefixes(),
                 data_check=self.config.cache_data_check,
+                kernel_built=True,
             )
             self._data_verified = True
             self._check_consistency(arrays)

@@ -346,6 +346,17 @@ class IndexCache:
             problems = self._value_problems(arrays, specs, full=_SESSION is not None)
         return (None, problems) if problems else (arrays, [])
 
+    def _shape_problems(
+        self, arrays: Mapping[str, npt.NDArray[Any]], specs: Mapping[str, ArraySpec]
+    ) -> list[str]:
+        """Each array's dtype, dimensions and shape against its spec (no values)."""
+        problems = []
+        for name, spec in specs.items():
+            problem = spec.problem(arrays[name]) if name in arrays else "missing"
+            if problem:
+                problems.append(f"{self.array_path(name)}: {problem}")
+        return problems
+
     def _value_problems(
         self, arrays: Mapping[str, npt.NDArray[Any]], specs: Mapping[str, ArraySpec], full: bool
     ) -> list[str]:
@@ -406,7 +417,7 @@ class IndexCache:
         `deferred_commits()` when that block ends). Nothing committed is deleted first: a
         concurrent builder renames the same bytes, and a reader that opened a file keeps it.
 
-        `vouch`: every value of `arrays` was checked; the fingerprint sidecar then records each
+        `vouch`: every value of `arrays` is valid (checked, or kernel-built); the fingerprint sidecar then records each
         array file (size, mtime, inode) so later loads of these very files skip the value checks.
         """
         self.directory.mkdir(parents=True, exist_ok=True)
@@ -429,6 +440,7 @@ class IndexCache:
         trust_presence: bool = False,
         data_prefixes: Sequence[str] = (),
         data_check: str = "off",
+        kernel_built: bool = False,
     ) -> tuple[dict[str, npt.NDArray[Any]], bool]:
         """Return the cached arrays, building and saving them first if this process may.
 
@@ -439,6 +451,10 @@ class IndexCache:
             trust_presence: megatron's fast_cache_load: skip the description comparison.
             data_prefixes: the `.bin`/`.idx` prefixes the arrays are computed from.
             data_check: "rebuild", "error" or "off" (fingerprint.POLICIES).
+            kernel_built: `build` returns the output of tokenmill's own index kernels, which
+                the test suite holds to the slow references and to megatron-core: its values
+                are not checked again before they are saved (dtype and shape still are). Values
+                loaded from disk are always checked (or vouched for by the sidecar).
 
         Returns:
             (arrays, built) where built says whether this call computed them.
@@ -518,7 +534,9 @@ class IndexCache:
             if arrays is not None and not (checking and self.stale_reasons(data_prefixes)[0]):
                 record(False, False, ())
                 return arrays, False
-            built = self._build_and_save(build, data_prefixes if checking else (), specs)
+            built = self._build_and_save(
+                build, data_prefixes if checking else (), specs, check_values=not kernel_built
+            )
         record(True, True, problems)
         return built, True
 
@@ -572,15 +590,21 @@ class IndexCache:
         build: Callable[[], Mapping[str, npt.NDArray[Any]]],
         data_prefixes: Sequence[str],
         specs: Mapping[str, ArraySpec] | None = None,
+        check_values: bool = True,
     ) -> dict[str, npt.NDArray[Any]]:
         """Build the arrays and write the entry (call under the lock), fingerprinting
-        `data_prefixes` first: data that changes during the build is then seen as stale."""
+        `data_prefixes` first: data that changes during the build is then seen as stale.
+        `check_values` False checks only dtypes and shapes (see load_or_build's kernel_built)."""
         _sweep_abandoned(self.directory)
         fingerprint = (
             data_fingerprint.fingerprint_prefixes(data_prefixes) if data_prefixes else None
         )
         built = dict(build())
-        problems = self._value_problems(built, specs, full=True) if specs else []
+        problems: list[str] = []
+        if specs and check_values:
+            problems = self._value_problems(built, specs, full=True)
+        elif specs:
+            problems = self._shape_problems(built, specs)
         if problems:  # never commit an entry that would be refused on load
             raise CacheError("built index arrays are invalid: " + "; ".join(problems))
         self.save(built, fingerprint, vouch=bool(specs))

@@ -15,7 +15,7 @@ are `tokenmill.index.cache`; the protocol is docs/cache-protocol.md.
 from __future__ import annotations
 
 import contextlib
-import os
+import io
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from tokenmill.common.atomic import AtomicFile, commit_together
+from tokenmill.common.atomic import WrittenFile, commit_together
 from tokenmill.index import fingerprint as data_fingerprint
 
 __all__ = ["atomic_save_npy", "batch_active", "deferred_commits", "write_entry"]
@@ -33,26 +33,37 @@ __all__ = ["atomic_save_npy", "batch_active", "deferred_commits", "write_entry"]
 # its data files and its description. Process-wide rather than a contextvar: the builder
 # constructs the members of a blend on a thread pool, and executor threads do not inherit the
 # caller's context.
-_DEFERRED: list[tuple[list[AtomicFile], AtomicFile]] | None = None
+_DEFERRED: list[tuple[list[WrittenFile], WrittenFile]] | None = None
 _DEFERRED_LOCK = threading.Lock()
 
 
-def _npy_writer(path: Path, array: npt.NDArray[Any]) -> AtomicFile:
-    """`array` numpy.saved under the temporary name of `path`, for the caller to commit."""
-    target = AtomicFile(path)
+def npy_header(array: npt.NDArray[Any]) -> bytes:
+    """The header ``numpy.save`` writes before `array`'s bytes (format 1.0, or 2.0 when the
+    header does not fit 1.0's 16-bit length), for a C-contiguous `array`."""
+    header = io.BytesIO()
+    fields = np.lib.format.header_data_from_array_1_0(array)
     try:
-        np.save(target.stream, array, allow_pickle=False)
-    except BaseException:
-        target.abort()
-        raise
-    return target
+        np.lib.format.write_array_header_1_0(header, fields)
+    except ValueError:  # "header does not fit inside 65535 bytes"
+        header = io.BytesIO()
+        np.lib.format.write_array_header_2_0(header, fields)
+    return header.getvalue()
+
+
+def _npy_writer(path: Path, array: npt.NDArray[Any]) -> WrittenFile:
+    """`array` written as ``numpy.save`` writes it (the same bytes, megatron-core's format),
+    under the temporary name of `path`, for the caller to commit."""
+    array = np.ascontiguousarray(array)
+    if array.dtype.hasobject:
+        raise ValueError(f"{path}: cannot cache an array of Python objects ({array.dtype})")
+    return WrittenFile(path, (npy_header(array), array))
 
 
 def atomic_save_npy(path: Path, array: npt.NDArray[Any]) -> None:
     """numpy.save `array` to `path` (same bytes) through a temporary file and a rename."""
     target = _npy_writer(path, array)
     try:
-        target.commit()
+        commit_together([target])
     finally:
         target.abort()  # no-op after commit
 
@@ -69,30 +80,27 @@ def write_entry(
     """Write an entry's arrays, data fingerprint (if any) and description under temporary
     names, then commit them (now, or when the enclosing :func:`deferred_commits` ends).
 
-    `vouch`: every value of `arrays` was checked; the fingerprint then records each array
-    file's size, mtime and inode (a rename keeps all three), so later loads of these very files
-    skip the value checks (`fingerprint.vouches_for`).
+    `vouch`: every value of `arrays` is valid (checked, or built by tokenmill's own kernels);
+    the fingerprint then records each array file's size, mtime and inode (a rename keeps all
+    three), so later loads of these very files skip the value checks
+    (`fingerprint.vouches_for`).
     """
-    files: list[AtomicFile] = []
+    files: list[WrittenFile] = []
     written: dict[str, dict[str, int]] = {}
     try:
         for name, path in array_paths.items():
             file = _npy_writer(path, arrays[name])
             files.append(file)
-            file.stream.flush()
-            written[name] = data_fingerprint.array_status(os.fstat(file.stream.fileno()))
+            written[name] = data_fingerprint.array_status(file.status)
         if fingerprint is not None:
             vouched = {**fingerprint, "arrays": written} if vouch else dict(fingerprint)
             files.append(data_fingerprint.fingerprint_writer(fingerprint_path, vouched))
-        committing = AtomicFile(description_path)
+        committing = WrittenFile(description_path, (description.encode("utf-8"),))
         files.append(committing)
-        committing.stream.write(description.encode("utf-8"))
     except BaseException:
         for file in files:
             file.abort()
         raise
-    for file in files:
-        file.close_written()
     with _DEFERRED_LOCK:
         batch = _DEFERRED
         if batch is not None:
@@ -135,7 +143,7 @@ def deferred_commits() -> Iterator[None]:
             _commit_entries(entries)
 
 
-def _commit_entries(entries: Sequence[tuple[Sequence[AtomicFile], AtomicFile]]) -> None:
+def _commit_entries(entries: Sequence[tuple[Sequence[WrittenFile], WrittenFile]]) -> None:
     """Data files of every entry, then every description; on failure nothing uncommitted is left
     behind (temporary files are removed)."""
     try:

@@ -11,6 +11,12 @@ sequence lengths and document boundaries). Size and mtime catch a rewrite; the s
 backstop for copies that preserve both. Cost: two ``stat`` calls and at most 16 KiB read per
 dataset, independent of its size (16 MB for a blend of 1000 datasets).
 
+The sidecar also records each file's ``ctime_ns`` and inode. A later check whose ``stat`` finds
+size, mtime, ctime and inode all unchanged, with the last change over
+:data:`IDENTITY_MARGIN_NS` older than the sidecar, takes the recorded fingerprint without
+reading the file (the ctime cannot be set by users, so nothing wrote the file since); any other
+file is hashed and compared as above. A warm check is then one ``stat`` per data file.
+
 The sidecar ``<hash>-<Class>-<split>-data.tokenmill.json`` holds::
 
     {"format": "tokenmill.data-fingerprint", "version": 1,
@@ -46,7 +52,7 @@ import threading
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
-from tokenmill.common.atomic import AtomicFile
+from tokenmill.common.atomic import WrittenFile, commit_together
 from tokenmill.common.sidecar import check_header
 from tokenmill.errors import DataFormatError
 
@@ -87,6 +93,8 @@ POLICIES = ("rebuild", "error", "off")
 """
 
 _FILE_FIELDS = ("size", "mtime_ns", "sample_sha256")
+# Recorded beside them (optional): what lets a later check trust a file's stat (`_unchanged`).
+_IDENTITY_FIELDS = ("ctime_ns", "inode")
 
 
 def fingerprint_file(path: str | os.PathLike[str]) -> dict[str, Any]:
@@ -106,7 +114,32 @@ def fingerprint_file(path: str | os.PathLike[str]) -> dict[str, Any]:
         "size": int(status.st_size),
         "mtime_ns": int(status.st_mtime_ns),
         "sample_sha256": digest.hexdigest(),
+        "ctime_ns": int(status.st_ctime_ns),
+        "inode": int(status.st_ino),
     }
+
+
+# How long before its sidecar was written a file's last change must be for the file's stat
+# alone to vouch for it: file times move in clock ticks (milliseconds on Linux, up to seconds on
+# some network filesystems), so a file changed in the tick it was fingerprinted in could show
+# the same times after a second change ("racy" entries, as git calls them). Those are hashed.
+IDENTITY_MARGIN_NS = 2_000_000_000
+
+
+def _unchanged(status: os.stat_result, recorded: Mapping[str, Any], written_ns: int) -> bool:
+    """Whether `status` is provably the file `recorded` describes: same size, mtime, ctime and
+    inode, and its last change long enough before the sidecar was written. The ctime cannot be
+    set by a user (a copy that keeps the mtime, `touch -d`, `rsync -t` all get a new one), so
+    equal times and inode mean no write since the fingerprint."""
+    ctime = recorded.get("ctime_ns")
+    return (
+        isinstance(ctime, int)
+        and ctime + IDENTITY_MARGIN_NS < written_ns
+        and status.st_ctime_ns == ctime
+        and status.st_ino == recorded.get("inode")
+        and status.st_size == recorded.get("size")
+        and status.st_mtime_ns == recorded.get("mtime_ns")
+    )
 
 
 # The fingerprints taken inside `once_per_file` blocks (None outside them). A blend's entry
@@ -192,8 +225,15 @@ def read_fingerprint(path: str | os.PathLike[str]) -> dict[str, Any] | None:
     Raises:
         DataFormatError: the file exists but is not a valid fingerprint sidecar.
     """
+    found = _read_fingerprint_dated(path)
+    return None if found is None else found[0]
+
+
+def _read_fingerprint_dated(path: str | os.PathLike[str]) -> tuple[dict[str, Any], int] | None:
+    """(payload, the sidecar's mtime in ns), or None if there is no sidecar."""
     try:
         with open(path, "rb") as stream:
+            written_ns = os.fstat(stream.fileno()).st_mtime_ns
             raw = stream.read(1 << 24)
     except FileNotFoundError:
         return None
@@ -202,7 +242,28 @@ def read_fingerprint(path: str | os.PathLike[str]) -> dict[str, Any] | None:
     except (UnicodeDecodeError, ValueError, RecursionError) as error:
         raise DataFormatError(f"{os.fspath(path)}: not a JSON fingerprint ({error})") from None
     _validate(payload, os.fspath(path))
-    return dict(payload)
+    return dict(payload), int(written_ns)
+
+
+def _current_against(
+    recorded: Mapping[str, Any], written_ns: int, prefixes: Iterable[str]
+) -> dict[str, Any]:
+    """The current fingerprint payload of `prefixes`, taking each file's recorded fingerprint
+    when its stat proves it unchanged (:func:`_unchanged`: one ``stat``, no read) and hashing
+    the others (:func:`fingerprint_file`)."""
+    old = recorded.get("datasets", {})
+    datasets: dict[str, Any] = {}
+    for prefix in prefixes:
+        files = {}
+        for suffix in DATA_SUFFIXES:
+            path = prefix + suffix
+            entry = old.get(prefix, {}).get(suffix) if isinstance(old.get(prefix), dict) else None
+            if isinstance(entry, dict) and _unchanged(os.stat(path), entry, written_ns):
+                files[suffix] = dict(entry)
+            else:
+                files[suffix] = _fingerprint_once(path)
+        datasets[prefix] = files
+    return {"format": FORMAT, "version": VERSION, "datasets": datasets}
 
 
 ARRAY_FIELDS = ("size", "mtime_ns", "inode")
@@ -221,8 +282,9 @@ def array_status(status: os.stat_result) -> dict[str, int]:
 def vouches_for(recorded: Mapping[str, Any] | None, current: Mapping[str, dict[str, int]]) -> bool:
     """Whether a sidecar's ``arrays`` record names exactly the files now in place.
 
-    The builder that wrote the sidecar checked every value of the arrays it built and recorded,
-    for each array file it wrote, its size, mtime and inode (a rename keeps all three). The same
+    The builder that wrote the sidecar checked every value of the arrays it built (or built them
+    with tokenmill's own kernels) and recorded, for each array file it wrote, its size, mtime
+    and inode (a rename keeps all three). The same
     three now mean the same file, unmodified since (a rewrite changes the mtime, a replacement
     the inode): its values need no second check. Anything else (no record, an entry adopted from
     megatron-core, racing builders whose files and sidecar come from different writers) means
@@ -269,7 +331,9 @@ def _validate(payload: Any, path: str) -> None:
         for suffix, entry in files.items():
             if not isinstance(entry, dict):
                 raise DataFormatError(f"{path}: {prefix}{suffix} must be an object")
-            for field in _FILE_FIELDS:
+            for field in (*_FILE_FIELDS, *_IDENTITY_FIELDS):
+                if field in _IDENTITY_FIELDS and field not in entry:
+                    continue  # optional (older sidecars, adopted entries)
                 value = entry.get(field)
                 valid = isinstance(value, str) if field == "sample_sha256" else _is_count(value)
                 if not valid:
@@ -278,25 +342,19 @@ def _validate(payload: Any, path: str) -> None:
                     )
 
 
-def fingerprint_writer(path: str | os.PathLike[str], payload: Mapping[str, Any]) -> AtomicFile:
+def fingerprint_writer(path: str | os.PathLike[str], payload: Mapping[str, Any]) -> WrittenFile:
     """A fingerprint sidecar written under its temporary name, for the caller to commit (or
     abort)."""
     _validate(payload, os.fspath(path))
-    target = AtomicFile(path)
-    try:
-        text = json.dumps(payload, indent=1, sort_keys=True) + "\n"
-        target.stream.write(text.encode("utf-8"))
-    except BaseException:
-        target.abort()
-        raise
-    return target
+    text = json.dumps(payload, indent=1, sort_keys=True) + "\n"
+    return WrittenFile(path, (text.encode("utf-8"),))
 
 
 def write_fingerprint(path: str | os.PathLike[str], payload: Mapping[str, Any]) -> None:
     """Write a fingerprint sidecar atomically (temporary file + rename)."""
     target = fingerprint_writer(path, payload)
     try:
-        target.commit()
+        commit_together([target])
     finally:
         target.abort()  # no-op after commit
 
@@ -321,15 +379,18 @@ def stale_reasons(
     Raises:
         FileNotFoundError: a data file is missing.
     """
-    current = fingerprint_prefixes(prefixes)
+    prefixes = list(prefixes)
     try:
-        recorded = read_fingerprint(sidecar)
+        dated = _read_fingerprint_dated(sidecar)
     except DataFormatError as error:
-        return [str(error)], current
-    if recorded is not None:
+        return [str(error)], fingerprint_prefixes(prefixes)
+    if dated is not None:
+        recorded, written_ns = dated
         if recorded_out is not None:
             recorded_out.update(recorded)
+        current = _current_against(recorded, written_ns, prefixes)
         return differences(recorded, current), current
+    current = fingerprint_prefixes(prefixes)
     # No sidecar: megatron-core (or an older tokenmill) wrote the entry. Accept it only if the
     # data predates it; a data file written after the entry cannot be what it was built from.
     try:
