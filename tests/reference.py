@@ -376,3 +376,32 @@ def mixture_stream_reference(
         out_sources.append(source)
         used[source] += 1
     return out_tokens, out_sources, used
+
+
+def index_violation_reference(
+    lengths: Sequence[int], pointers: Sequence[int], boundaries: Sequence[int], itemsize: int
+) -> tuple[int, int, int, int]:
+    """The .idx structural check (csrc/index_check.cpp), one Python int at a time:
+    (code, index, expected pointer, end byte offset), codes as in index_check.hpp."""
+    if len(pointers) != len(lengths):
+        return (1, 0, 0, 0)
+    for i, length in enumerate(lengths):
+        if length < 0:
+            return (2, i, 0, 0)
+    end = 0
+    for i, length in enumerate(lengths):
+        if pointers[i] != end:
+            return (3, i, end, 0)
+        end += length * itemsize
+        if end > 2**63 - 1:
+            return (4, i, 0, 0)
+    if not boundaries:
+        return (5, 0, 0, end)
+    if boundaries[0] != 0:
+        return (6, 0, 0, end)
+    if boundaries[-1] != len(lengths):
+        return (7, len(boundaries) - 1, 0, end)
+    for i in range(len(boundaries) - 1):
+        if boundaries[i] > boundaries[i + 1]:
+            return (8, i, 0, end)
+    return (0, 0, 0, end)

@@ -717,3 +717,76 @@ def test_random_documents_round_trip(
         item = dataset.get(i, offset=len(sequence) // 2)
         tokens = item[0] if multimodal else item
         assert tokens.tolist() == sequence[len(sequence) // 2 :]
+
+
+@st.composite
+def _index_arrays(draw: Any) -> tuple[list[int], list[int], list[int], int]:
+    """A consistent .idx's arrays, then a few random corruptions of them."""
+    itemsize = draw(st.sampled_from([1, 2, 4, 8]))
+    lengths = draw(st.lists(st.integers(0, 50), max_size=12))
+    pointers = [0]
+    for length in lengths[:-1]:
+        pointers.append(pointers[-1] + length * itemsize)
+    pointers = pointers[: len(lengths)]
+    cuts = sorted(draw(st.lists(st.integers(0, len(lengths)), max_size=5)))
+    boundaries = [0, *cuts, len(lengths)]
+    for _ in range(draw(st.integers(0, 3))):
+        which = draw(st.sampled_from(["length", "pointer", "boundary", "drop"]))
+        if which == "length" and lengths:
+            lengths[draw(st.integers(0, len(lengths) - 1))] = draw(st.integers(-(2**31), 2**31 - 1))
+        elif which == "pointer" and pointers:
+            pointers[draw(st.integers(0, len(pointers) - 1))] = draw(
+                st.integers(-(2**63), 2**63 - 1)
+            )
+        elif which == "boundary" and boundaries:
+            boundaries[draw(st.integers(0, len(boundaries) - 1))] = draw(st.integers(-5, 20))
+        elif which == "drop":
+            boundaries = boundaries[: draw(st.integers(0, len(boundaries)))]
+    return lengths, pointers, boundaries, itemsize
+
+
+@settings(max_examples=400, deadline=None)
+@given(_index_arrays())
+def test_index_check_kernel_matches_its_reference(
+    arrays: tuple[list[int], list[int], list[int], int],
+) -> None:
+    from tokenmill import _core
+
+    from reference import index_violation_reference
+
+    lengths, pointers, boundaries, itemsize = arrays
+    verdict = _core.check_megatron_index_arrays(
+        np.array(lengths, dtype=np.int32),
+        np.array(pointers, dtype=np.int64),
+        np.array(boundaries, dtype=np.int64),
+        itemsize,
+    )
+    assert verdict == index_violation_reference(lengths, pointers, boundaries, itemsize)
+
+
+def test_index_check_reads_unaligned_arrays_and_catches_offset_overflow() -> None:
+    from tokenmill import _core
+
+    # the arrays of a .idx sit at odd offsets of its map (a 34-byte header)
+    raw = bytearray(1 + 4 * 3 + 8 * 3 + 8 * 2)
+    lengths = np.frombuffer(raw, dtype="<i4", count=3, offset=1)
+    assert lengths.ctypes.data % 4 != 0
+    source = np.ndarray(3, dtype=np.int32, buffer=raw, offset=1)
+    source[:] = [2**31 - 1, 2**31 - 1, 1]
+    pointers = np.ndarray(3, dtype=np.int64, buffer=raw, offset=13)
+    pointers[:] = [0, (2**31 - 1) * 8, 2**62]
+    boundaries = np.ndarray(2, dtype=np.int64, buffer=raw, offset=37)
+    boundaries[:] = [0, 3]
+    assert _core.check_megatron_index_arrays(lengths, pointers, boundaries, 8)[:3] == (
+        3,
+        2,
+        (2**31 - 1) * 16,
+    )
+    pointers[2] = (2**31 - 1) * 16
+    assert _core.check_megatron_index_arrays(lengths, pointers, boundaries, 8) == (
+        0, 0, 0, (2**31 - 1) * 16 + 8,
+    )  # fmt: skip
+    with pytest.raises(ValueError, match=r"itemsize must be 1\.\.8 bytes, got 16"):
+        _core.check_megatron_index_arrays(lengths, pointers, boundaries, 16)
+    with pytest.raises(TypeError, match="sequence_lengths must have dtype int32"):
+        _core.check_megatron_index_arrays(pointers, pointers, boundaries, 8)

@@ -1,10 +1,11 @@
 // Bindings of the token scan (find_token_positions, count_token): the BOS/EOS scans the shard
-// formats use to find document boundaries.
+// formats use to find document boundaries; and of the .idx structural check.
 #include <optional>
 #include <type_traits>
 #include <utility>
 #include <vector>
 
+#include "../index_check.hpp"
 #include "../token_scan.hpp"
 #include "arrays.hpp"
 #include "bindings.hpp"
@@ -60,9 +61,32 @@ int64_t count_token(const py::array& tokens, const py::int_& token, int num_thre
   });
 }
 
+// (violation code, index, expected pointer, end byte offset): see index_check.hpp.
+py::tuple check_megatron_index_arrays(const py::array& lengths, const py::array& pointers,
+                                      const py::array& boundaries, int64_t itemsize) {
+  if (itemsize < 1 || itemsize > 8) {
+    fail_value("itemsize must be 1..8 bytes, got " + std::to_string(itemsize));
+  }
+  const auto length_span = input_unaligned<int32_t>(lengths, "sequence_lengths");
+  const auto pointer_span = input_unaligned<int64_t>(pointers, "sequence_pointers");
+  const auto boundary_span = input_unaligned<int64_t>(boundaries, "document_indices");
+  IndexVerdict verdict;
+  {
+    py::gil_scoped_release release;  // read-only pass over buffers the caller keeps alive
+    verdict = check_megatron_index(length_span, pointer_span, boundary_span, itemsize);
+  }
+  return py::make_tuple(static_cast<int>(verdict.violation), verdict.index, verdict.expected,
+                        verdict.end);
+}
+
 }  // namespace
 
 void register_formats(py::module_& m) {
+  m.def("check_megatron_index_arrays", &check_megatron_index_arrays,
+        "sequence_lengths"_a.noconvert(), "sequence_pointers"_a.noconvert(),
+        "document_indices"_a.noconvert(), "itemsize"_a,
+        "The first structural violation of a .idx's arrays: (code, index, expected pointer, end "
+        "byte offset); code 0 means consistent (tokenmill.formats.validate).");
   m.def("find_token_positions", &find_token_positions, "tokens"_a.noconvert(), "token"_a,
         "num_threads"_a = 1,
         "Positions (int64, ascending) where tokens == token: numpy.flatnonzero(tokens == token).");

@@ -54,6 +54,12 @@ def find_token_positions(
     tokens: npt.NDArray[np.integer], token: int, num_threads: int = 1
 ) -> npt.NDArray[np.int64]: ...
 def count_token(tokens: npt.NDArray[np.integer], token: int, num_threads: int = 1) -> int: ...
+def check_megatron_index_arrays(
+    sequence_lengths: npt.NDArray[np.int32],
+    sequence_pointers: npt.NDArray[np.int64],
+    document_indices: npt.NDArray[np.int64],
+    itemsize: int,
+) -> tuple[int, int, int, int]: ...
 
 class Gatherer:
     """A GPTDataset's index arrays and token buffer, for batched gathers."""

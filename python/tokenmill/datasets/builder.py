@@ -348,6 +348,15 @@ class BlendedMegatronDatasetBuilder:
         def build_all(threads: int) -> list[list[Any]]:
             by_split: list[list[Any]] = [[] for _ in Split]
             # every entry of the batch committed together: one round of fsyncs, not one per file
+            if threads == 1:  # here, not on a pool thread: no hand-over per source
+                with deferred_commits():
+                    for number, prefix in enumerate(prefixes):
+                        built = self._build_megatron_dataset_splits(
+                            prefix, split, sizes_per_dataset[number], False
+                        )
+                        for i, dataset in enumerate(built):
+                            by_split[i].append(dataset)
+                return by_split
             with deferred_commits(), ThreadPoolExecutor(max_workers=threads) as executor:
                 futures = [
                     executor.submit(
