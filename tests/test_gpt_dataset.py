@@ -15,6 +15,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import tokenmill.common.atomic as atomic
 from tokenmill.datasets.gpt import GPTDataset, GPTDatasetConfig
@@ -389,3 +391,66 @@ def test_kernel_output_of_the_wrong_shape_is_never_saved(
     with pytest.raises(CacheError, match=r"built index arrays are invalid: .*shuffle_index.*shape"):
         build(shard, config)
     assert not list((tmp_path / "cache").rglob("*description.txt"))
+
+
+_JSON_SCALARS = st.one_of(
+    st.none(), st.booleans(), st.integers(), st.floats(allow_nan=False), st.text(max_size=8)
+)
+_JSON_VALUES = st.recursive(
+    _JSON_SCALARS,
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=3), st.dictionaries(st.text(max_size=5), inner, max_size=3)
+    ),
+    max_leaves=8,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.text(max_size=6), _JSON_VALUES), max_size=8))
+def test_description_is_megatrons_json_text(entries: list[tuple[str, Any]]) -> None:
+    """describe() memoises the indented text of the config's part; the result must stay
+    exactly json.dumps(indent=4) (the cache key megatron-core computes), twice over."""
+    from collections import OrderedDict
+
+    from tokenmill.datasets.megatron_dataset import describe
+
+    identifiers = OrderedDict(entries)
+    expected = json.dumps(identifiers, indent=4)
+    assert describe(identifiers)[0] == expected
+    assert describe(identifiers)[0] == expected
+
+
+def test_blend_description_reuses_its_members_texts_only_while_they_hold(
+    shard: str, tmp_path: Path
+) -> None:
+    """A blend's description nests its members' descriptions (megatron-core's JSON); tokenmill
+    re-indents the texts the members computed, unless a member's identifiers changed since."""
+    from collections import OrderedDict
+
+    from tokenmill.datasets.megatron_dataset import _identifiers_of, describe, described_text
+
+    config = make_config(shard, tmp_path / "cache")
+    members = [build(shard, config, num_samples=n) for n in (50, 80)]
+
+    def blend_identifiers() -> OrderedDict[str, Any]:
+        return OrderedDict(
+            [
+                ("class", "BlendedDataset"),
+                ("datasets", [member.unique_identifiers for member in members]),
+                ("split", "train"),
+                ("weights", [0.25, 0.75]),
+                ("size", 100),
+            ]
+        )
+
+    texts = [described_text(member) for member in members]
+    assert texts == [member.unique_description for member in members]
+    identifiers = blend_identifiers()
+    expected = json.dumps(identifiers, indent=4, default=_identifiers_of)
+    assert describe(identifiers, known={"datasets": texts})[0] == expected
+    members[1].unique_identifiers["extra"] = [1, {"a": None}]  # a subclass adds a field
+    assert described_text(members[1]) is None
+    identifiers = blend_identifiers()
+    expected = json.dumps(identifiers, indent=4, default=_identifiers_of)
+    known = {"datasets": [described_text(member) for member in members]}
+    assert describe(identifiers, known=known)[0] == expected

@@ -32,7 +32,7 @@ import numpy.typing as npt
 
 from tokenmill.common.distributed import is_cache_builder
 from tokenmill.datasets.config import BlendedMegatronDatasetConfig
-from tokenmill.datasets.megatron_dataset import describe
+from tokenmill.datasets.megatron_dataset import describe, described_text
 from tokenmill.datasets.utils import normalize
 from tokenmill.errors import CacheError, CacheMissingError
 from tokenmill.index.blending import (
@@ -126,7 +126,9 @@ class BlendedDataset:
         identifiers["weights"] = self.weights
         identifiers["size"] = self.size
         self.unique_identifiers = identifiers
-        self.unique_description, self.unique_description_hash = describe(identifiers)
+        self.unique_description, self.unique_description_hash = describe(
+            identifiers, known={"datasets": [described_text(d) for d in self.datasets]}
+        )
 
         self._cache: IndexCache | None = None
         # the data behind the cache entry was checked in this process (or by the builders):
