@@ -64,6 +64,9 @@ CHILD = textwrap.dedent(
     else:
         from tokenmill.datasets.builder import BlendedMegatronDatasetBuilder
         from tokenmill.datasets.gpt import GPTDataset, GPTDatasetConfig
+        # imports excluded on both sides: megatron-core's dataset modules import their
+        # IndexedDataset eagerly, tokenmill's on first use
+        import tokenmill.formats.megatron
         import contextlib
         from tokenmill.index.cache import trusting_builder
         scope = contextlib.nullcontext()

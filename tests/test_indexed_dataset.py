@@ -790,3 +790,30 @@ def test_index_check_reads_unaligned_arrays_and_catches_offset_overflow() -> Non
         _core.check_megatron_index_arrays(lengths, pointers, boundaries, 16)
     with pytest.raises(TypeError, match="sequence_lengths must have dtype int32"):
         _core.check_megatron_index_arrays(pointers, pointers, boundaries, 8)
+
+
+def _maps_of(path: str) -> int:
+    with open("/proc/self/maps") as maps:
+        return sum(1 for line in maps if line.rstrip().endswith(path))
+
+
+def test_the_bin_is_mapped_on_its_first_read(shard: Path) -> None:
+    """Opening costs a stat of the .bin; the map (no descriptor kept) comes with the first read,
+    so a blend of thousands of sources maps only the sources it reads."""
+    bin_path = os.path.realpath(f"{shard}.bin")
+    dataset = IndexedDataset(str(shard))
+    assert _maps_of(bin_path) == 0
+    first = np.array(dataset[0])
+    assert _maps_of(bin_path) == 1
+    np.testing.assert_array_equal(dataset[0], first)
+    assert _maps_of(bin_path) == 1  # mapped once
+    reopened = pickle.loads(pickle.dumps(dataset))
+    np.testing.assert_array_equal(reopened[0], first)
+
+
+def test_a_bin_that_shrinks_before_its_first_read_is_an_error(shard: Path) -> None:
+    dataset = IndexedDataset(str(shard))
+    size = os.path.getsize(f"{shard}.bin")
+    os.truncate(f"{shard}.bin", size - 4)
+    with pytest.raises(DataFormatError, match=rf"shard\.bin: data file is {size - 4} bytes, but"):
+        dataset[0]

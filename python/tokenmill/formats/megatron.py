@@ -93,6 +93,18 @@ def _open_bin(bin_path: str) -> int:
         raise limit from error
 
 
+def _bin_status(bin_path: str) -> os.stat_result:
+    try:
+        return os.stat(bin_path)
+    except FileNotFoundError:
+        raise FileNotFoundError(errno.ENOENT, f"data file not found: {bin_path}") from None
+    except OSError as error:
+        limit = resource_error(error, bin_path)
+        if limit is None:
+            raise
+        raise limit from error
+
+
 class IndexedDataset:
     """A read-only view of a ``.bin/.idx`` pair: megatron-core's ``IndexedDataset``.
 
@@ -102,8 +114,9 @@ class IndexedDataset:
     Args:
         path_prefix: the path of both files without the ``.bin``/``.idx`` suffix.
         multimodal: read the int8 ``sequence_modes`` trailer and return ``(tokens, mode)`` items.
-        mmap: map the ``.bin`` and return zero-copy read-only views; if False, every read is an
-            ``os.preadv`` into a new writable array and the ``.bin`` is never mapped.
+        mmap: map the ``.bin`` (on the first read: opening only checks its size) and return
+            zero-copy read-only views; if False, every read is an ``os.preadv`` into a new
+            writable array and the ``.bin`` is never mapped.
         object_storage_config: required for ``s3://`` prefixes: an
             :class:`~tokenmill.storage.object_storage.ObjectStorageConfig` (or megatron-core's).
             The ``.idx`` is cached locally under ``path_to_idx_cache`` (once per node and object
@@ -185,7 +198,8 @@ class IndexedDataset:
         self.sequences_per_dataset = sequences_per_dataset
         self.dtype_code = dtype_code
         self._bin_descriptor = -1
-        self._tokens: npt.NDArray[Any] | None = None
+        self._token_view: npt.NDArray[Any] | None = None
+        self._map_on_first_read = False
         self.bin_reader: Any = None
         if path_prefix.startswith(OBJECT_STORAGE_SCHEMES):
             self._open_object_storage()
@@ -199,28 +213,56 @@ class IndexedDataset:
         self._sequence_count = self.index.sequence_count
 
         bin_path = get_bin_path(path_prefix)
+        if mmap:
+            # the .bin is mapped on its first read (`_tokens`), not here: a blend of thousands
+            # of sources maps only those it reads, and opening one costs a stat
+            self._bin_size = _bin_status(bin_path).st_size
+            self._check_bin_size(f"{bin_path}: data file", self.index.idx_path)
+            if not fast_cache_load:
+                self.index.validate(self._bin_size, bin_path)
+            if self._bin_size:
+                self._map_on_first_read = True
+            else:  # an empty file cannot be mapped
+                self._token_view = numpy.empty(0, dtype=self.dtype)
+                self._token_view.flags.writeable = False
+            return
         descriptor = _open_bin(bin_path)
         try:
             self._bin_size = os.fstat(descriptor).st_size
             self._check_bin_size(f"{bin_path}: data file", self.index.idx_path)
             if not fast_cache_load:
                 self.index.validate(self._bin_size, bin_path)
-            if mmap:
-                if self._bin_size:
-                    # keeps no descriptor: this one is closed below
-                    mapping = map_readonly(descriptor, self._bin_size, bin_path)
-                    self._tokens = numpy.frombuffer(
-                        mapping, dtype=self.dtype, count=self._bin_size // self._itemsize
-                    )
-                else:  # an empty file cannot be mapped
-                    self._tokens = numpy.empty(0, dtype=self.dtype)
-                    self._tokens.flags.writeable = False
-            else:
-                self._bin_descriptor = descriptor
-                descriptor = -1
+            self._bin_descriptor = descriptor
+            descriptor = -1
         finally:
             if descriptor >= 0:
                 os.close(descriptor)
+
+    @property
+    def _tokens(self) -> npt.NDArray[Any] | None:
+        """The mapped ``.bin`` as tokens (None when reads are preads or ranged GETs). Mapped on
+        first use; the map keeps no descriptor."""
+        if self._map_on_first_read:
+            self._map_bin()
+        return self._token_view
+
+    def _map_bin(self) -> None:
+        bin_path = get_bin_path(self.path_prefix)
+        descriptor = _open_bin(bin_path)
+        try:
+            size = os.fstat(descriptor).st_size
+            if size != self._bin_size:
+                # mapping past the end of a shrunk file would turn reads into SIGBUS
+                raise DataFormatError(
+                    f"{bin_path}: data file is {size} bytes, but it was {self._bin_size} bytes "
+                    "when the dataset was opened; it changed underneath the reader"
+                )
+            mapping = map_readonly(descriptor, size, bin_path)
+        finally:
+            os.close(descriptor)
+        # two threads may both map on a first read: the map that loses is freed with its array
+        self._token_view = numpy.frombuffer(mapping, dtype=self.dtype, count=size // self._itemsize)
+        self._map_on_first_read = False
 
     def _open_object_storage(self) -> None:
         """Open an ``s3://`` prefix: the ``.idx`` through the local cache (downloaded once per
@@ -314,9 +356,12 @@ class IndexedDataset:
                 f"[{byte_offset}, {end}) outside the {self._bin_size}-byte data file or off the "
                 f"{self._itemsize}-byte grid; the index is corrupt"
             )
-        if self._tokens is not None:
+        if self._map_on_first_read:
+            self._map_bin()
+        tokens_view = self._token_view
+        if tokens_view is not None:
             start = byte_offset // self._itemsize
-            return self._tokens[start : start + count]
+            return tokens_view[start : start + count]
         tokens = numpy.empty(count, dtype=self.dtype)
         target = tokens.data.cast("B")
         if self.bin_reader is not None:

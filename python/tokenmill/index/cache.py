@@ -154,7 +154,7 @@ _SESSION_LOCK = threading.Lock()
 # builders reported success (a process-wide count, for the same reason as _SESSION).
 _TRUSTING = 0
 # Directories whose abandoned temporary files this process has already looked for.
-_SWEPT: set[Path] = set()
+_SWEPT: set[str] = set()
 
 
 @contextlib.contextmanager
@@ -180,7 +180,7 @@ def builders_verified() -> bool:
     return _TRUSTING > 0
 
 
-def _read_prefix(path: Path, size: int) -> str:
+def _read_prefix(path: str | os.PathLike[str], size: int) -> str:
     """The first `size` bytes of `path` as UTF-8, in three system calls (open, pread, close)."""
     descriptor = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
     try:
@@ -192,10 +192,11 @@ def _read_prefix(path: Path, size: int) -> str:
 def _sweep_abandoned(directory: Path) -> None:
     """Remove the temporary files in `directory` that provably have no live writer, once per
     process and directory (a directory scan per entry made cold starts quadratic)."""
+    key = os.fspath(directory)  # a Path hashes through its parsed parts: slower
     with _SESSION_LOCK:
-        if directory in _SWEPT:
+        if key in _SWEPT:
             return
-        _SWEPT.add(directory)
+        _SWEPT.add(key)
     try:
         remove_abandoned(directory, lambda name: name.startswith(".") and name.endswith(".tmp"))
     except OSError as error:  # best effort: leftovers are hidden and harmless
@@ -231,6 +232,8 @@ class IndexCache:
     array_names: tuple[str, ...]
     # file paths by suffix, built once (pathlib joins cost more than the rest of a warm open)
     _paths: dict[str, Path] = field(default_factory=dict, compare=False, repr=False)
+    # the same as strings, for the loads of a warm open (a Path costs a parse per join)
+    _files: dict[str, str] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def create(
@@ -258,6 +261,12 @@ class IndexCache:
             found = self._paths[suffix] = self.directory / f"{self.base}-{suffix}"
         return found
 
+    def _file(self, suffix: str) -> str:
+        found = self._files.get(suffix)
+        if found is None:
+            found = self._files[suffix] = os.path.join(self.directory, f"{self.base}-{suffix}")
+        return found
+
     @property
     def description_path(self) -> Path:
         return self.path("description.txt")
@@ -275,7 +284,10 @@ class IndexCache:
     ) -> tuple[list[str], dict[str, Any]]:
         """Why this entry does not match the current data (see fingerprint.stale_reasons)."""
         return data_fingerprint.stale_reasons(
-            data_prefixes, self.fingerprint_path, self.description_path, recorded_out
+            data_prefixes,
+            self._file(data_fingerprint.FINGERPRINT_SUFFIX),
+            self._file("description.txt"),
+            recorded_out,
         )
 
     def all_present(self) -> bool:
@@ -306,7 +318,9 @@ class IndexCache:
         problems: list[str] = []
         if check_description:
             try:
-                found = _read_prefix(self.description_path, len(self.description.encode()) + 1)
+                found = _read_prefix(
+                    self._file("description.txt"), len(self.description.encode()) + 1
+                )
                 if found != self.description:
                     problems.append(f"{self.description_path}: description differs from config")
             except FileNotFoundError:
@@ -322,7 +336,7 @@ class IndexCache:
                 problems.append(f"{self.description_path}: unreadable ({error})")
         arrays: dict[str, npt.NDArray[Any]] = {}
         for name in self.array_names:
-            path = self.array_path(name)
+            path = self._file(f"{name}.npy")
             try:
                 if statuses is None:
                     array = load_npy(path)
@@ -499,7 +513,7 @@ class IndexCache:
         # An existing entry is checked against the data even when its arrays no longer fit the
         # config (new data usually changes their shapes): "error" must never rebuild silently.
         recorded: dict[str, Any] = {}
-        if checking and self.description_path.is_file():
+        if checking and os.path.isfile(self._file("description.txt")):
             arrays, problems = self._check_data(
                 arrays, problems, data_prefixes, data_check, may_build, check_only, recorded
             )
