@@ -75,12 +75,20 @@ def test_default_file_mode_never_touches_the_umask(monkeypatch: pytest.MonkeyPat
     assert atomic.default_file_mode() == 0o666 & ~atomic._UMASK
 
 
-def test_files_get_the_mode_the_umask_gives(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "write",
+    [
+        "atomic.atomic_write_text(sys.argv[1], 'x')",  # streamed: AtomicFile (mkstemp + fchmod)
+        "atomic.commit_together([atomic.WrittenFile(sys.argv[1], (b'x',))])",  # cache files
+    ],
+    ids=["AtomicFile", "WrittenFile"],
+)
+def test_files_get_the_mode_the_umask_gives(tmp_path: Path, write: str) -> None:
     # a fresh process with umask 027: tokenmill's files are 0640, like open(..., "w")'s
     script = (
         "import os, sys; os.umask(0o027)\n"
-        "from tokenmill.common.atomic import atomic_write_text\n"
-        "atomic_write_text(sys.argv[1], 'x')\n"
+        "from tokenmill.common import atomic\n"
+        f"{write}\n"
         "print(oct(os.stat(sys.argv[1]).st_mode & 0o777), oct(os.umask(0)))\n"
     )
     output = subprocess.run(
@@ -298,17 +306,3 @@ def test_written_file_abort_and_errors(tmp_path: Path, monkeypatch: pytest.Monke
     with pytest.raises(OSError, match="No space left"):
         atomic.WrittenFile(tmp_path / "c.txt", (b"data",))
     assert not [name for name in os.listdir(tmp_path) if name.startswith(".c.txt")]
-
-
-def test_written_files_get_the_mode_the_umask_gives(tmp_path: Path) -> None:
-    script = (
-        "import os, sys; os.umask(0o027)\n"
-        "from tokenmill.common import atomic\n"
-        "atomic.commit_together([atomic.WrittenFile(sys.argv[1], (b'x',))])\n"
-        "print(oct(os.stat(sys.argv[1]).st_mode & 0o777))\n"
-    )
-    output = subprocess.run(
-        [sys.executable, "-c", script, str(tmp_path / "f")], capture_output=True, text=True,
-        check=True,
-    ).stdout.split()  # fmt: skip
-    assert output == ["0o640"]

@@ -40,6 +40,7 @@ def _identifiers_of(obj: Any) -> Any:
 # the indented text differ only in whitespace, so one determines the other.
 _INDENTED_TAILS: dict[str, str] = {}
 _MAX_CACHED_TAIL = 1 << 16  # a blend's own tail (every member's identity) is not worth keeping
+_MAX_CACHED_TAILS = 256
 _SCALARS = (str, int, float, bool, type(None))
 
 
@@ -100,6 +101,8 @@ def describe(
             # "{\n" + the entries, indented one level as inside the whole object + "\n}"
             indented = json.dumps(tail, indent=4, default=_identifiers_of)[2:-2]
             if len(key) <= _MAX_CACHED_TAIL:
+                if len(_INDENTED_TAILS) >= _MAX_CACHED_TAILS:  # many configs in one process
+                    _INDENTED_TAILS.clear()
                 _INDENTED_TAILS[key] = indented
         lines = [f"    {json.dumps(name)}: {json.dumps(value)}" for name, value in items[:head]]
         description = "{\n" + ",\n".join([*lines, indented]) + "\n}"

@@ -47,7 +47,8 @@ from __future__ import annotations
 
 import errno
 import os
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import numpy
 import numpy.typing as npt
@@ -81,9 +82,14 @@ __all__ = [
 ]
 
 
-def _open_bin(bin_path: str) -> int:
+_Result = TypeVar("_Result")
+
+
+def _on_bin(call: Callable[[str], _Result], bin_path: str) -> _Result:
+    """`call(bin_path)` (an open or a stat of a ``.bin``): a missing file is named as the data
+    file, running out of descriptors as the limit it is (ResourceLimitError)."""
     try:
-        return os.open(bin_path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        return call(bin_path)
     except FileNotFoundError:
         raise FileNotFoundError(errno.ENOENT, f"data file not found: {bin_path}") from None
     except OSError as error:
@@ -91,18 +97,14 @@ def _open_bin(bin_path: str) -> int:
         if limit is None:
             raise
         raise limit from error
+
+
+def _open_bin(bin_path: str) -> int:
+    return _on_bin(lambda path: os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)), bin_path)
 
 
 def _bin_status(bin_path: str) -> os.stat_result:
-    try:
-        return os.stat(bin_path)
-    except FileNotFoundError:
-        raise FileNotFoundError(errno.ENOENT, f"data file not found: {bin_path}") from None
-    except OSError as error:
-        limit = resource_error(error, bin_path)
-        if limit is None:
-            raise
-        raise limit from error
+    return _on_bin(os.stat, bin_path)
 
 
 class IndexedDataset:
