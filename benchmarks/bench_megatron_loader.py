@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -170,7 +171,16 @@ def main(argv: list[str] | None = None) -> int:
     from evidence import Evidence
 
     evidence = Evidence("megatron_loader")
+    created = args.workdir is None
     args.workdir = args.workdir or tempfile.mkdtemp(prefix="tokenmill-megatron-loader-")
+    try:
+        return _compare(args, evidence)
+    finally:
+        if created:  # the generated corpus (300 MB) and both caches
+            shutil.rmtree(args.workdir, ignore_errors=True)
+
+
+def _compare(args: argparse.Namespace, evidence: Any) -> int:
     os.makedirs(args.workdir, exist_ok=True)
     if args.prefix is None:
         from tokenmill.cli.bench import _generate

@@ -133,3 +133,23 @@ def test_version_is_written_once() -> None:
     assert provider["provider"] == "scikit_build_core.metadata.regex"
     source = pyproject.parent / provider["input"]
     assert f'__version__ = "{tokenmill.__version__}"' in source.read_text(encoding="utf-8")
+
+
+def test_bench_removes_the_working_directory_it_created(
+    tmp_path: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`tokenmill bench` without --workdir generates its corpus in a temporary directory and
+    removes it at the end (hundreds of MB at the default size)."""
+    import argparse
+    import os
+    import tempfile
+
+    from tokenmill.cli import bench
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    parser = argparse.ArgumentParser()
+    bench.add_arguments(parser)
+    small = "--tokens 200000 --seq-length 64 --batch-sizes 2 --workers 0 --seconds 0.01"
+    arguments = parser.parse_args([*small.split(), "--no-megatron"])
+    assert bench.run(arguments) == 0
+    assert os.listdir(str(tmp_path)) == []

@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -187,7 +188,18 @@ def _megatron() -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run the benchmark and print the table."""
+    """Run the benchmark and print the table. A working directory it creates (no --workdir)
+    is removed at the end, with the corpus it generated there."""
+    created = args.workdir is None
+    workdir = args.workdir or tempfile.mkdtemp(prefix="tokenmill-bench-")
+    try:
+        return _run(args, workdir)
+    finally:
+        if created:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _run(args: argparse.Namespace, workdir: str) -> int:
     import numpy as np
     import torch
     from torch.utils.data import DataLoader, default_collate
@@ -200,7 +212,6 @@ def run(args: argparse.Namespace) -> int:
     from tokenmill.serving.batch import collate
 
     torch.set_num_threads(1)
-    workdir = args.workdir or tempfile.mkdtemp(prefix="tokenmill-bench-")
     os.makedirs(workdir, exist_ok=True)
     prefix = args.path_prefix
     if prefix is None:
