@@ -242,3 +242,35 @@ def test_npy_writer_streams_exact_files(tmp_path: Path) -> None:
     ):
         writer.write([70000])
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.npy"]
+
+
+def test_opened_shards_hold_no_descriptor(tmp_path: Path) -> None:
+    """Shards of every format are mapped without keeping their descriptor (map, then close):
+    a run over thousands of shards must not need a descriptor per shard (ulimit -n)."""
+    import os
+
+    from tokenmill.formats.sources import open_source
+
+    tokens = np.arange(1, 4097, dtype=np.uint16)
+    for number in range(8):
+        write_nanogpt_shard(tmp_path / f"s{number}.bin", tokens)
+        (tmp_path / f"raw{number}.tok").write_bytes(tokens.astype("<u2").tobytes())
+    before = len(os.listdir("/proc/self/fd"))
+    opened = [NanogptShard(tmp_path / f"s{number}.bin") for number in range(8)]
+    opened += [open_token_file(tmp_path / f"raw{number}.tok", np.uint16) for number in range(8)]
+    assert len(os.listdir("/proc/self/fd")) == before
+    for shard in opened[:8]:
+        np.testing.assert_array_equal(shard.tokens, tokens)  # type: ignore[union-attr]
+    for array in opened[8:]:
+        np.testing.assert_array_equal(array, tokens)
+    # the sources `tokenmill convert` and `inspect` read: a Megatron prefix, a shard directory
+    from tokenmill.formats.megatron import IndexedDatasetBuilder
+
+    (tmp_path / "megatron").mkdir()
+    builder = IndexedDatasetBuilder(str(tmp_path / "megatron" / "m.bin"), dtype=np.uint16)
+    builder.add_document(tokens, [len(tokens)])
+    builder.finalize(str(tmp_path / "megatron" / "m.idx"))
+    sources = [open_source(str(tmp_path / "megatron" / "m")), open_source(str(tmp_path))]
+    assert len(os.listdir("/proc/self/fd")) == before
+    np.testing.assert_array_equal(sources[0].shards[0].tokens, tokens)
+    assert sources[1].format == "nanogpt" and len(sources[1].shards) == 8

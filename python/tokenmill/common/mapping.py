@@ -25,7 +25,7 @@ from typing import Any
 
 from tokenmill.errors import ResourceLimitError
 
-__all__ = ["map_readonly", "resource_error"]
+__all__ = ["map_file", "map_readonly", "resource_error"]
 
 _LIMITS = {
     errno.EMFILE: "too many open files in this process: raise the descriptor limit (ulimit -n)",
@@ -115,3 +115,35 @@ def map_readonly(descriptor: int, length: int, path: str = "") -> memoryview:
             raise limit from error
         raise
     return memoryview(buffer).cast("B").toreadonly()
+
+
+def map_file(path: str, dtype: Any, offset: int = 0) -> Any:
+    """The file at `path` from byte `offset` on, as a read-only numpy array of `dtype`, mapped
+    without keeping a descriptor (:func:`map_readonly`); an empty remainder gives an empty array.
+    The caller checks that the size is a whole number of items (a remainder is not mapped).
+
+    Raises:
+        FileNotFoundError: no such file.
+        ResourceLimitError: out of descriptors or maps (the message names the limit).
+        OSError: any other failure to open or map the file.
+    """
+    import numpy as np
+
+    item = np.dtype(dtype)
+    try:
+        descriptor = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    except OSError as error:
+        limit = resource_error(error, path)
+        if limit is not None:
+            raise limit from error
+        raise
+    try:
+        count = max(0, os.fstat(descriptor).st_size - offset) // item.itemsize
+        if count == 0:
+            empty = np.empty(0, dtype=item)
+            empty.flags.writeable = False
+            return empty
+        mapping = map_readonly(descriptor, offset + count * item.itemsize, path)
+    finally:
+        os.close(descriptor)
+    return np.frombuffer(mapping, dtype=item, count=count, offset=offset)

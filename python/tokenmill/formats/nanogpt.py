@@ -27,7 +27,6 @@ the ``.bin`` (data first, index last); it keeps the BOS positions in memory unti
 
 from __future__ import annotations
 
-import mmap as mmap_module
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -36,6 +35,7 @@ import numpy as np
 import numpy.typing as npt
 
 from tokenmill.common.atomic import AtomicFile, AtomicWriter
+from tokenmill.common.mapping import map_readonly
 from tokenmill.errors import DataFormatError
 
 __all__ = [
@@ -195,7 +195,8 @@ class NanogptShard:
             raw = stream.read(HEADER_BYTES)
             self.header = _parse_header(self.path, raw, size)
             if self.header.token_count:
-                mapping = mmap_module.mmap(stream.fileno(), 0, access=mmap_module.ACCESS_READ)
+                # keeps no descriptor (the file is closed on leaving this block)
+                mapping = map_readonly(stream.fileno(), size, self.path)
                 self.tokens: npt.NDArray[Any] = np.frombuffer(
                     mapping,
                     dtype=self.header.dtype,

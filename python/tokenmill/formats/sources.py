@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from tokenmill.common.mapping import map_file
 from tokenmill.errors import DataFormatError
 
 __all__ = ["Shard", "Source", "document_lengths", "open_source"]
@@ -58,11 +59,8 @@ def _megatron(prefix: str) -> Source:
     from tokenmill.formats.megatron import DType, IndexedDataset
 
     dataset = IndexedDataset(prefix)
-    tokens: npt.NDArray[Any]
-    if os.path.getsize(prefix + ".bin"):
-        tokens = np.memmap(prefix + ".bin", dtype=dataset.dtype, mode="r")
-    else:
-        tokens = np.empty(0, dtype=dataset.dtype)
+    # mapped without keeping a descriptor (an empty file gives an empty array)
+    tokens: npt.NDArray[Any] = map_file(prefix + ".bin", dataset.dtype)
     lengths = dataset.sequence_lengths.astype(np.int64)
     bounds = np.asarray(dataset.document_indices, dtype=np.int64)
     cumulative = np.zeros(lengths.shape[0] + 1, dtype=np.int64)

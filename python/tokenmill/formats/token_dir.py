@@ -29,6 +29,7 @@ import numpy as np
 import numpy.typing as npt
 
 from tokenmill.common.atomic import AtomicFile, AtomicWriter
+from tokenmill.common.mapping import map_file
 from tokenmill.errors import DataFormatError
 
 __all__ = [
@@ -177,7 +178,9 @@ def open_token_file(
         empty = np.empty(0, dtype=resolved)
         empty.flags.writeable = False
         return empty
-    return np.memmap(path, dtype=resolved.newbyteorder("<"), mode="r")
+    # mapped without keeping a descriptor: a directory of thousands of shards holds none
+    tokens: npt.NDArray[Any] = map_file(path, resolved.newbyteorder("<"))
+    return tokens
 
 
 def _open_npy(path: str, dtype: npt.DTypeLike | None) -> npt.NDArray[Any]:
