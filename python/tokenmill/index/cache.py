@@ -431,8 +431,9 @@ class IndexCache:
         `deferred_commits()` when that block ends). Nothing committed is deleted first: a
         concurrent builder renames the same bytes, and a reader that opened a file keeps it.
 
-        `vouch`: every value of `arrays` is valid (checked, or kernel-built); the fingerprint sidecar then records each
-        array file (size, mtime, inode) so later loads of these very files skip the value checks.
+        `vouch`: every value of `arrays` is valid (checked, or kernel-built); the fingerprint
+        sidecar then records each array file (size, mtime, inode) so later loads of these very
+        files skip the value checks.
         """
         self.directory.mkdir(parents=True, exist_ok=True)
         write_entry(
