@@ -406,7 +406,7 @@ _JSON_VALUES = st.recursive(
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.lists(st.tuples(st.text(max_size=6), _JSON_VALUES), max_size=8))
+@given(st.lists(st.tuples(st.text(max_size=6) | st.integers(-3, 3), _JSON_VALUES), max_size=8))
 def test_description_is_megatrons_json_text(entries: list[tuple[str, Any]]) -> None:
     """describe() memoises the indented text of the config's part; the result must stay
     exactly json.dumps(indent=4) (the cache key megatron-core computes), twice over."""

@@ -76,7 +76,7 @@ def describe(
     their place in this one, so the 1,000 members of a blend are not encoded again. Used only
     when every item's text is known.
     """
-    if known:
+    if known and all(isinstance(name, str) for name in identifiers):
         usable = {
             name: texts
             for name, texts in known.items()
@@ -89,7 +89,11 @@ def describe(
             return _describe_with_known(identifiers, usable)
     items = list(identifiers.items())
     head = 0  # the leading entries with scalar values (class, path, samples, split)
-    while head < len(items) and isinstance(items[head][1], _SCALARS) and head < 4:
+    while (
+        head < min(len(items), 4)
+        and isinstance(items[head][0], str)  # (json.dumps writes other keys unquoted)
+        and isinstance(items[head][1], _SCALARS)
+    ):
         head += 1
     if head == len(items):
         description = json.dumps(identifiers, indent=4, default=_identifiers_of)
