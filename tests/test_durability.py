@@ -16,6 +16,7 @@ import pytest
 
 from tokenmill.common import atomic
 from tokenmill.common.atomic import AtomicFile, atomic_write_text
+from tokenmill.errors import ResourceLimitError
 from tokenmill.formats.megatron import IndexedDatasetBuilder
 
 
@@ -303,6 +304,17 @@ def test_written_file_abort_and_errors(tmp_path: Path, monkeypatch: pytest.Monke
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(atomic, "_write_all", full)
-    with pytest.raises(OSError, match="No space left"):
+    with pytest.raises(ResourceLimitError, match=r"cannot write .*c\.txt.*filesystem is full"):
         atomic.WrittenFile(tmp_path / "c.txt", (b"data",))
     assert not [name for name in os.listdir(tmp_path) if name.startswith(".c.txt")]
+    # out of descriptors when creating it: named as the limit, never taken for a bad file
+    real_open = os.open
+
+    def no_descriptors(path: Any, *args: Any, **kwargs: Any) -> int:
+        if str(path).endswith(".tmp"):
+            raise OSError(errno.EMFILE, os.strerror(errno.EMFILE))
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", no_descriptors)
+    with pytest.raises(ResourceLimitError, match=r"cannot create .*d\.txt.*ulimit -n"):
+        atomic.WrittenFile(tmp_path / "d.txt", (b"data",))

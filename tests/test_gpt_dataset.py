@@ -168,7 +168,8 @@ def test_interrupted_write_leaves_no_description(
         real_write(descriptor, data)
 
     monkeypatch.setattr(atomic, "_write_all", failing_write)
-    with pytest.raises(OSError, match="disk full"):
+    # named as what it is (a ResourceLimitError, an OSError), never taken for a bad cache
+    with pytest.raises(OSError, match="filesystem is full"):
         build(shard, config)
     monkeypatch.setattr(atomic, "_write_all", real_write)
     leftovers = sorted(p.name for p in (tmp_path / "cache").iterdir() if not p.name.startswith("."))

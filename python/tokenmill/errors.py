@@ -56,7 +56,7 @@ class ChecksumError(DataFormatError):
 
 
 class ResourceLimitError(TokenmillError, OSError):
-    """Opening or mapping a file failed because the process or machine ran out of a resource
-    (descriptors: EMFILE/ENFILE, memory maps or address space: ENOMEM), or the filesystem refused
-    a map (EPERM). The file itself is fine; the message names the limit to raise (``ulimit -n``,
+    """Opening, mapping or writing a file failed because the process or machine ran out of a
+    resource (descriptors: EMFILE/ENFILE, memory maps or address space: ENOMEM, disk space:
+    ENOSPC/EDQUOT), or the filesystem refused a map (EPERM). The file itself is fine; the message names the limit to raise (``ulimit -n``,
     ``vm.max_map_count``). Never taken for a corrupt file, never a reason to rebuild a cache."""

@@ -18,8 +18,9 @@ import os
 import tempfile
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import BinaryIO, TypeVar
+from typing import BinaryIO, NoReturn, TypeVar
 
+from tokenmill.common.mapping import resource_error
 from tokenmill.common.owner import owner_tag
 
 __all__ = [
@@ -193,6 +194,15 @@ def _write_all(descriptor: int, data: memoryview) -> None:
         data = data[written:]
 
 
+def _raise_named(error: OSError, path: str, what: str) -> NoReturn:
+    """Raise `error`, as a ResourceLimitError naming the limit when it is one (descriptors,
+    disk space: `common.mapping.resource_error`)."""
+    limit = resource_error(error, path, what)
+    if limit is None:
+        raise error
+    raise limit from error
+
+
 class WrittenFile:
     """Bytes already written and closed under a temporary name beside ``path``, for
     :func:`commit_together` to commit (or :meth:`abort` to remove).
@@ -231,6 +241,8 @@ class WrittenFile:
                 raise FileNotFoundError(
                     errno.ENOENT, f"directory of {self.path} does not exist: {missing}"
                 ) from None
+            except OSError as error:
+                _raise_named(error, temporary, "create")
         self.temporary_path = temporary
         self._done = False
         try:
@@ -242,6 +254,9 @@ class WrittenFile:
                 self.status = os.fstat(descriptor)
             finally:
                 os.close(descriptor)
+        except OSError as error:
+            self.abort()
+            _raise_named(error, temporary, "write")
         except BaseException:
             self.abort()
             raise

@@ -35,6 +35,8 @@ _LIMITS = {
         "process near 65,000 maps) or the address-space limit (ulimit -v)"
     ),
     errno.EAGAIN: "the kernel refused to lock or map more memory (ulimit -l / ulimit -v)",
+    errno.ENOSPC: "the filesystem is full: free space there or write elsewhere",
+    errno.EDQUOT: "the disk quota is exhausted: free space or raise the quota",
 }
 
 
