@@ -25,7 +25,7 @@ from typing import Any
 
 from tokenmill.errors import ResourceLimitError
 
-__all__ = ["map_file", "map_readonly", "resource_error"]
+__all__ = ["map_file", "map_readonly", "open_readonly", "resource_error"]
 
 _LIMITS = {
     errno.EMFILE: "too many open files in this process: raise the descriptor limit (ulimit -n)",
@@ -119,6 +119,24 @@ def map_readonly(descriptor: int, length: int, path: str = "") -> memoryview:
     return memoryview(buffer).cast("B").toreadonly()
 
 
+def open_readonly(path: str) -> int:
+    """A read-only descriptor of `path` (raw ``os.open``: a Python file object costs four more
+    system calls, and a blend opens thousands of files).
+
+    Raises:
+        FileNotFoundError: no such file.
+        ResourceLimitError: out of descriptors (the message names the limit).
+        OSError: any other failure to open it.
+    """
+    try:
+        return os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    except OSError as error:
+        limit = resource_error(error, path)
+        if limit is not None:
+            raise limit from error
+        raise
+
+
 def map_file(path: str, dtype: Any, offset: int = 0) -> Any:
     """The file at `path` from byte `offset` on, as a read-only numpy array of `dtype`, mapped
     without keeping a descriptor (:func:`map_readonly`); an empty remainder gives an empty array.
@@ -132,13 +150,7 @@ def map_file(path: str, dtype: Any, offset: int = 0) -> Any:
     import numpy as np
 
     item = np.dtype(dtype)
-    try:
-        descriptor = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-    except OSError as error:
-        limit = resource_error(error, path)
-        if limit is not None:
-            raise limit from error
-        raise
+    descriptor = open_readonly(path)
     try:
         count = max(0, os.fstat(descriptor).st_size - offset) // item.itemsize
         if count == 0:

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from tokenmill.common.mapping import map_readonly, resource_error
+from tokenmill.common.mapping import map_readonly, open_readonly, resource_error
 from tokenmill.errors import DataFormatError, ResourceLimitError
 from tokenmill.formats.validate import check_npy_extent
 
@@ -94,13 +94,7 @@ def _load(
             than its header's shape, or a header describing an impossible array.
     """
     path = os.fspath(path)
-    try:
-        descriptor = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-    except OSError as error:
-        limit = resource_error(error, path)
-        if limit is not None:
-            raise limit from error
-        raise
+    descriptor = open_readonly(path)
     try:
         # raw descriptor calls (open, pread, [fstat, mmap,] close): a Python file object adds
         # four system calls per file, and a blend opens thousands of these
