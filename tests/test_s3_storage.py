@@ -557,3 +557,21 @@ def test_missing_boto3_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "boto3", None)  # import boto3 now raises ImportError
     with pytest.raises(ImportError, match=r"pip install 'tokenmill\[s3\]'"):
         S3Client(RetryPolicy()).stat("s3://bucket/key")
+
+
+def test_cache_object_needs_no_working_lock(
+    s3_bucket: S3Bucket, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a filesystem without locks (ENOLCK under NFS/Lustre `noflock`) the local copy is still
+    made: the lock only saves a duplicate download (`common.locks`)."""
+    import errno
+    import fcntl
+
+    def no_lock(descriptor: int, operation: int) -> None:
+        raise OSError(errno.ENOLCK, os.strerror(errno.ENOLCK))
+
+    monkeypatch.setattr(fcntl, "flock", no_lock)
+    url = s3_bucket.put("data/shard.idx", b"index v1")
+    local = cache_object(url, str(tmp_path), S3Client())
+    assert Path(local).read_bytes() == b"index v1" and os.path.exists(record_path(local))
+    assert not [p for p in Path(local).parent.iterdir() if p.name.endswith(".tmp")]

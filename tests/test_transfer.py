@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+import tokenmill.common.locks as locks_module
 from tokenmill.cli.main import main
 from tokenmill.errors import ChecksumError
 from tokenmill.formats.megatron import IndexedDataset
@@ -837,14 +838,14 @@ def test_s3_cache_listing_freshness_and_no_lock(
     with using_client(S3Client(endpoint_url=s3_proxy.endpoint)):
         # no working lock: four threads race for the same two entries; duplicate work at most,
         # and every file committed whole
-        working_flock = remote_cache.fcntl.flock
-        monkeypatch.setattr(remote_cache.fcntl, "flock", no_lock)
+        working_flock = locks_module.fcntl.flock
+        monkeypatch.setattr(locks_module.fcntl, "flock", no_lock)
         threads = [threading.Thread(target=fetch_both, args=(i,)) for i in range(4)]
         for thread in threads:
             thread.start()
         for thread in threads:
             thread.join()
-        monkeypatch.setattr(remote_cache.fcntl, "flock", working_flock)
+        monkeypatch.setattr(locks_module.fcntl, "flock", working_flock)
         assert errors == []
         assert committed() == published
         assert 1 <= len(s3_proxy.listings()) <= 4
@@ -917,7 +918,7 @@ def test_manifest_cache_entry_without_a_working_lock(
         (cache / f"{base}-{suffix}").write_bytes(rng.integers(0, 256, 3000, np.uint8).tobytes())
     publish([str(cache)], str(tmp_path / "bucket"), policy=FAST)
     monkeypatch.setenv("TOKENMILL_CACHE_DIR", str(tmp_path / "node"))
-    monkeypatch.setattr(remote_cache.fcntl, "flock", no_lock)
+    monkeypatch.setattr(locks_module.fcntl, "flock", no_lock)
     location = str(tmp_path / "bucket" / "manifest.json")
     local = Path(remote_cache.fetch_cache_entry(location, base, ["a", "b"]))
     assert {p.name: p.read_bytes() for p in local.iterdir() if not p.name.startswith(".")} == {

@@ -41,8 +41,6 @@ over a whole blend can go on and list every problem.
 from __future__ import annotations
 
 import contextlib
-import errno
-import fcntl
 import logging
 import os
 import threading
@@ -55,6 +53,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from tokenmill.common.locks import best_effort_lock
 from tokenmill.common.mapping import resource_error
 from tokenmill.common.owner import remove_abandoned
 from tokenmill.errors import CacheError, DataFormatError, ResourceLimitError, StaleCacheError
@@ -386,38 +385,9 @@ class IndexCache:
         lock file is removed on release (a waiter then holds a lock on a removed file, and may
         build a second time: harmless), so entries leave no lock files behind."""
         self.directory.mkdir(parents=True, exist_ok=True)
-        lock_path = self.directory / f".{self.base}.lock"
-        try:
-            handle = lock_path.open("a")
-        except OSError as error:
-            limit = resource_error(error, str(lock_path))
-            if limit is not None:
-                raise limit from error
-            logger.info("building %s without a lock (%s)", self.base, error)
+        lock_path = os.path.join(self.directory, f".{self.base}.lock")
+        with best_effort_lock(lock_path, f"building {self.base}", remove_on_release=True):
             yield
-            return
-        with handle:
-            try:
-                fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
-            except OSError as error:
-                logger.info(
-                    "building %s without a lock: %s (locks only save duplicate work)",
-                    self.base,
-                    errno.errorcode.get(error.errno or 0, error),
-                )
-                try:
-                    yield
-                finally:
-                    with contextlib.suppress(OSError):
-                        lock_path.unlink()
-                return
-            try:
-                yield
-            finally:
-                with contextlib.suppress(OSError):
-                    lock_path.unlink()
-                with contextlib.suppress(OSError):
-                    fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
 
     def save(
         self,

@@ -7,7 +7,8 @@ holds the object's current version:
 2. a hit needs the local file to have that size AND a record ``.<name>.tokenmill-object.json``
    beside it naming the same URL, size and ETag; a hit costs that HEAD and two ``stat`` calls;
 3. otherwise the caller takes an exclusive ``fcntl`` lock on ``.<name>.lock`` in the same
-   directory, checks again (another process on the node may have finished meanwhile) and
+   directory when the filesystem gives one (``common.locks``: without it two processes may both
+   download, harmlessly), checks again (another process on the node may have finished meanwhile) and
    downloads into a temporary file with ``If-Match`` on every GET (one consistent version),
    renames it into place, then writes the record the same way.
 
@@ -20,12 +21,11 @@ contrast, re-downloads the ``.idx`` on every construction on rank 0 and relies o
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import os
-from collections.abc import Iterator
 
 from tokenmill.common.atomic import AtomicFile
+from tokenmill.common.locks import best_effort_lock
 from tokenmill.storage.object_storage import local_cache_path
 from tokenmill.storage.s3 import ObjectInfo, S3Client, get_client
 
@@ -40,15 +40,11 @@ def record_path(local_path: str) -> str:
     return os.path.join(directory, f".{name}.tokenmill-object.json")
 
 
-@contextlib.contextmanager
-def _locked(local_path: str) -> Iterator[None]:
+def _locked(local_path: str) -> contextlib.AbstractContextManager[bool]:
+    """The node's lock on downloading `local_path`, best effort (`common.locks`): without a
+    working lock two processes download the same version and rename the same bytes."""
     directory, name = os.path.split(local_path)
-    with open(os.path.join(directory, f".{name}.lock"), "a") as handle:
-        fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+    return best_effort_lock(os.path.join(directory, f".{name}.lock"), f"downloading {local_path}")
 
 
 def _is_fresh(local_path: str, info: ObjectInfo) -> bool:

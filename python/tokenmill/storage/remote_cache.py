@@ -47,8 +47,6 @@ from __future__ import annotations
 
 import bisect
 import contextlib
-import errno
-import fcntl
 import hashlib
 import json
 import logging
@@ -57,10 +55,11 @@ import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from tokenmill.common.atomic import atomic_write_text, durable_replace
+from tokenmill.common.locks import best_effort_lock
 from tokenmill.common.owner import MAX_AGE, owner_tag, remove_abandoned
 from tokenmill.storage.manifest import Manifest, ManifestObject
 
@@ -205,37 +204,9 @@ def _listing_path(local: str, identity: str) -> str:
     return os.path.join(local, f".listing-{digest}.json")
 
 
-@contextlib.contextmanager
-def _locked(path: str) -> Iterator[bool]:
-    """Hold an exclusive flock on `path` if the filesystem gives one; yields whether it does.
-
-    Best effort, like the cache protocol's lock: a lock that fails (ENOLCK, EOPNOTSUPP, ...)
-    only means the work it would save may be done twice, so the callers stay correct without.
-    """
-    try:
-        handle = open(path, "a")  # noqa: SIM115 - closed below, after the unlock
-    except OSError as error:
-        if error.errno in (errno.EMFILE, errno.ENFILE):
-            raise
-        logger.info("fetching without the lock %s (%s)", path, error)
-        yield False
-        return
-    with handle:
-        try:
-            fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
-        except OSError as error:
-            logger.info(
-                "fetching without the lock %s: %s (locks only save duplicate work)",
-                path,
-                errno.errorcode.get(error.errno or 0, error),
-            )
-            yield False
-            return
-        try:
-            yield True
-        finally:
-            with contextlib.suppress(OSError):
-                fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+def _locked(path: str) -> contextlib.AbstractContextManager[bool]:
+    """`common.locks.best_effort_lock`: a lock that fails only means a fetch may be done twice."""
+    return best_effort_lock(path, "fetching")
 
 
 def _sweep(local: str) -> None:
