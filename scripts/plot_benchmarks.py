@@ -115,20 +115,41 @@ def barh(
     plt.close(figure)
 
 
-def plot_gpt_index(record: dict[str, Any], path: Path) -> None:
-    table = tables(record)[0]
-    rows = table["rows"]
-    barh(
-        path,
-        f"GPTDataset index build (seconds, lower is better)\n{caption(record)}",
-        [f"{row[0]} documents" for row in rows],
-        {
-            "megatron-core 0.19.2": ([number(row[1]) for row in rows], MEGATRON),
-            "tokenmill": ([number(row[2]) for row in rows], TOKENMILL),
-        },
-        "seconds",
-        annotate=[row[column(table, "speed-up")] for row in rows],
-    )
+def plot_side_by_side(
+    title: str,
+    unit: str,
+    ratio: str,
+    log: bool = False,
+    label: str = "{}",
+    columns: tuple[int, int] = (1, 2),
+) -> Callable[[dict[str, Any], Path], None]:
+    """A table with megatron-core's and tokenmill's figure in `columns` of each row: both bars,
+    annotated with the row's `ratio` column."""
+
+    def plot(record: dict[str, Any], path: Path) -> None:
+        table = tables(record)[0]
+        rows = table["rows"]
+        megatron, ours = columns
+        barh(
+            path,
+            f"{title}\n{caption(record)}",
+            [label.format(row[0]) for row in rows],
+            {
+                "megatron-core 0.19.2": ([number(row[megatron]) for row in rows], MEGATRON),
+                "tokenmill": ([number(row[ours]) for row in rows], TOKENMILL),
+            },
+            unit,
+            log=log,
+            annotate=[row[column(table, ratio)] for row in rows],
+        )
+
+    return plot
+
+
+plot_gpt_index = plot_side_by_side(
+    "GPTDataset index build (seconds, lower is better)", "seconds", "speed-up",
+    label="{} documents",
+)  # fmt: skip
 
 
 def plot_ratio_table(name: str, title: str) -> Callable[[dict[str, Any], Path], None]:
@@ -150,38 +171,13 @@ def plot_ratio_table(name: str, title: str) -> Callable[[dict[str, Any], Path], 
     return plot
 
 
-def plot_blending(record: dict[str, Any], path: Path) -> None:
-    table = tables(record)[0]
-    rows = table["rows"]
-    barh(
-        path,
-        f"Blending kernels (ns per sample, log scale, lower is better)\n{caption(record)}",
-        [row[0] for row in rows],
-        {
-            "megatron-core 0.19.2": ([number(row[2]) for row in rows], MEGATRON),
-            "tokenmill": ([number(row[3]) for row in rows], TOKENMILL),
-        },
-        "ns / sample",
-        log=True,
-        annotate=[row[column(table, "speed-up")] for row in rows],
-    )
-
-
-def plot_serving(record: dict[str, Any], path: Path) -> None:
-    table = tables(record)[0]
-    rows = table["rows"]
-    barh(
-        path,
-        f"Sample serving (samples/s, log scale, higher is better)\n{caption(record)}",
-        [row[0] for row in rows],
-        {
-            "megatron-core 0.19.2": ([number(row[1]) for row in rows], MEGATRON),
-            "tokenmill": ([number(row[2]) for row in rows], TOKENMILL),
-        },
-        "samples / s",
-        log=True,
-        annotate=[row[column(table, "ratio")] for row in rows],
-    )
+plot_blending = plot_side_by_side(
+    "Blending kernels (ns per sample, log scale, lower is better)", "ns / sample", "speed-up",
+    log=True, columns=(2, 3),
+)  # fmt: skip
+plot_serving = plot_side_by_side(
+    "Sample serving (samples/s, log scale, higher is better)", "samples / s", "ratio", log=True
+)
 
 
 def plot_megatron_loader(record: dict[str, Any], path: Path) -> None:

@@ -189,6 +189,30 @@ def npy_tokens(data: bytes) -> bool:
 # -- index cache: .npy arrays, description, and the samples they select ---------------------------
 
 
+class _FuzzTokenizer:
+    def __init__(self) -> None:
+        self.vocab_size, self.eod = 64, 0
+        self.unique_identifiers = {"class": "FuzzTokenizer"}
+
+
+def _gpt_config(directory: Path, seed: int, **fields: Any) -> Any:
+    """The GPTDatasetConfig of the fixtures: 8-token samples, a cache in `directory`."""
+    from tokenmill.datasets.gpt import GPTDatasetConfig
+
+    values: dict[str, Any] = {
+        "random_seed": seed,
+        "sequence_length": 8,
+        "tokenizer": _FuzzTokenizer(),
+        "split": "1",
+        "reset_position_ids": False,
+        "reset_attention_mask": False,
+        "eod_mask_loss": False,
+        "create_attention_mask": False,
+        "path_to_cache": str(directory / "cache"),
+    }
+    return GPTDatasetConfig(**{**values, **fields})
+
+
 def _gpt_fixture() -> dict[str, Any]:
     """A tiny shard and a GPTDataset with a valid cache entry, built once per work directory."""
     if "gpt" in _state:
@@ -196,7 +220,7 @@ def _gpt_fixture() -> dict[str, Any]:
         return fixture
     import warnings
 
-    from tokenmill.datasets.gpt import GPTDataset, GPTDatasetConfig
+    from tokenmill.datasets.gpt import GPTDataset
     from tokenmill.datasets.utils import Split
     from tokenmill.formats.megatron import IndexedDatasetBuilder
 
@@ -210,22 +234,7 @@ def _gpt_fixture() -> dict[str, Any]:
         builder.add_document(np.append(rng.integers(1, 50, length), 0), [length + 1])
     builder.finalize(prefix + ".idx")
 
-    class Tokenizer:
-        def __init__(self) -> None:
-            self.vocab_size, self.eod = 64, 0
-            self.unique_identifiers = {"class": "FuzzTokenizer"}
-
-    config = GPTDatasetConfig(
-        random_seed=1,
-        sequence_length=8,
-        tokenizer=Tokenizer(),
-        split="1",
-        reset_position_ids=True,
-        reset_attention_mask=False,
-        eod_mask_loss=True,
-        create_attention_mask=False,
-        path_to_cache=str(directory / "cache"),
-    )
+    config = _gpt_config(directory, 1, reset_position_ids=True, eod_mask_loss=True)
     low_level = IndexedDataset(prefix)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -392,28 +401,13 @@ def _blended_fixture() -> dict[str, Any]:
     import warnings
 
     from tokenmill.datasets.blended import BlendedDataset
-    from tokenmill.datasets.gpt import GPTDataset, GPTDatasetConfig
+    from tokenmill.datasets.gpt import GPTDataset
     from tokenmill.datasets.utils import Split
     from tokenmill.formats.megatron import IndexedDatasetBuilder
 
     directory = Path(tempfile.mkdtemp(prefix="blended-", dir=_workdir()))
 
-    class Tokenizer:
-        def __init__(self) -> None:
-            self.vocab_size, self.eod = 64, 0
-            self.unique_identifiers = {"class": "FuzzTokenizer"}
-
-    config = GPTDatasetConfig(
-        random_seed=2,
-        sequence_length=8,
-        tokenizer=Tokenizer(),
-        split="1",
-        reset_position_ids=False,
-        reset_attention_mask=False,
-        eod_mask_loss=False,
-        create_attention_mask=False,
-        path_to_cache=str(directory / "cache"),
-    )
+    config = _gpt_config(directory, 2)
     rng = np.random.default_rng(2)
     members = []
     for number, (documents, samples) in enumerate([(10, 12), (6, 5)]):

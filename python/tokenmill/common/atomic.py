@@ -261,6 +261,13 @@ class WrittenFile:
             self.abort()
             raise
 
+    def commit(self) -> None:
+        """Commit this file alone (:func:`commit_together`); on failure it is removed."""
+        try:
+            commit_together([self])
+        finally:
+            self.abort()  # no-op after commit
+
     def close_written(self) -> None:
         """Nothing to do: the file was closed when written (the interface of AtomicFile)."""
 

@@ -343,34 +343,26 @@ class BlendedMegatronDatasetBuilder:
         split: SplitMatrix,
         sizes_per_dataset: list[list[int | None]],
     ) -> list[list[Any]]:
-        """Mid-level datasets of every prefix, per split, built on a thread pool."""
+        """Mid-level datasets of every prefix, per split: in this thread, or on a pool of
+        `num_dataset_builder_threads` threads."""
 
         def build_all(threads: int) -> list[list[Any]]:
-            by_split: list[list[Any]] = [[] for _ in Split]
+            def build_one(number: int) -> list[Any]:
+                return self._build_megatron_dataset_splits(
+                    prefixes[number], split, sizes_per_dataset[number], False
+                )
+
             # every entry of the batch committed together: one round of fsyncs, not one per file
-            if threads == 1:  # here, not on a pool thread: no hand-over per source
-                with deferred_commits():
-                    for number, prefix in enumerate(prefixes):
-                        built = self._build_megatron_dataset_splits(
-                            prefix, split, sizes_per_dataset[number], False
-                        )
-                        for i, dataset in enumerate(built):
-                            by_split[i].append(dataset)
-                return by_split
-            with deferred_commits(), ThreadPoolExecutor(max_workers=threads) as executor:
-                futures = [
-                    executor.submit(
-                        self._build_megatron_dataset_splits,
-                        prefix,
-                        split,
-                        sizes_per_dataset[number],
-                        False,
-                    )
-                    for number, prefix in enumerate(prefixes)
-                ]
-                for future in futures:
-                    for i, dataset in enumerate(future.result()):
-                        by_split[i].append(dataset)
+            with deferred_commits():
+                if threads == 1:  # here, not on a pool thread: no hand-over per source
+                    built = [build_one(number) for number in range(len(prefixes))]
+                else:
+                    with ThreadPoolExecutor(max_workers=threads) as executor:
+                        built = list(executor.map(build_one, range(len(prefixes))))
+            by_split: list[list[Any]] = [[] for _ in Split]
+            for datasets in built:
+                for i, dataset in enumerate(datasets):
+                    by_split[i].append(dataset)
             return by_split
 
         threads = self.config.num_dataset_builder_threads

@@ -30,7 +30,6 @@ __all__ = [
     "INDEX_VERSION",
     "OBJECT_STORAGE_SCHEMES",
     "DType",
-    "check_non_decreasing",
     "get_bin_path",
     "get_idx_path",
 ]
@@ -48,9 +47,6 @@ INDEX_COUNTS = struct.Struct("<QQ")
 HEADER_SIZE = (
     INDEX_PREAMBLE.size + INDEX_COUNTS.size
 )  # 34, hard-coded by megatron's fast_cache_load path
-
-# Chunk for the non-decreasing check on document_indices, so it never allocates more than a few MB.
-_MONOTONIC_CHECK_CHUNK = 1 << 20
 
 NumpyScalarType = type[numpy.generic]
 DTypeLike = npt.DTypeLike | NumpyScalarType
@@ -158,19 +154,6 @@ def get_idx_path(path_prefix: str) -> str:
 def get_bin_path(path_prefix: str) -> str:
     """The data file of a prefix: ``path_prefix + ".bin"``."""
     return path_prefix + ".bin"
-
-
-def check_non_decreasing(values: npt.NDArray[numpy.int64], path: str, field: str) -> None:
-    for start in range(0, values.shape[0] - 1, _MONOTONIC_CHECK_CHUNK):
-        chunk = values[start : start + _MONOTONIC_CHECK_CHUNK + 1]
-        # neighbour comparison, not numpy.diff: an int64 difference can wrap around
-        decreasing = chunk[1:] < chunk[:-1]
-        if decreasing.any():
-            position = start + int(numpy.argmax(decreasing))
-            raise DataFormatError(
-                f"{path}: {field} must be non-decreasing, but {field}[{position}] = "
-                f"{int(values[position])} > {field}[{position + 1}] = {int(values[position + 1])}"
-            )
 
 
 class _RawFile:

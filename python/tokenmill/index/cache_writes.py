@@ -61,11 +61,7 @@ def _npy_writer(path: Path, array: npt.NDArray[Any]) -> WrittenFile:
 
 def atomic_save_npy(path: Path, array: npt.NDArray[Any]) -> None:
     """numpy.save `array` to `path` (same bytes) through a temporary file and a rename."""
-    target = _npy_writer(path, array)
-    try:
-        commit_together([target])
-    finally:
-        target.abort()  # no-op after commit
+    _npy_writer(path, array).commit()
 
 
 def write_entry(

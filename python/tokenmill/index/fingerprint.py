@@ -49,10 +49,10 @@ import hashlib
 import json
 import os
 import threading
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
-from tokenmill.common.atomic import WrittenFile, commit_together
+from tokenmill.common.atomic import WrittenFile
 from tokenmill.common.sidecar import check_header
 from tokenmill.errors import DataFormatError
 
@@ -311,6 +311,24 @@ def _is_count(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
+def _check_fields(
+    entry: Mapping[str, Any],
+    fields: Sequence[str],
+    where: str,
+    path: str,
+    optional: Sequence[str] = (),
+) -> None:
+    """Each of `fields` of `entry` a count (the sample hash: a string); `optional` ones may be
+    absent."""
+    for field in fields:
+        if field in optional and field not in entry:
+            continue
+        value = entry.get(field)
+        valid = isinstance(value, str) if field == "sample_sha256" else _is_count(value)
+        if not valid:
+            raise DataFormatError(f"{path}: {where} field {field!r} is invalid: {value!r:.80}")
+
+
 def _validate(payload: Any, path: str) -> None:
     check_header(payload, path, FORMAT, VERSION, "fingerprint", DataFormatError)
     arrays = payload.get("arrays")
@@ -323,12 +341,7 @@ def _validate(payload: Any, path: str) -> None:
                     f"{path}: arrays[{name!r}] must map {list(ARRAY_FIELDS)} to integers, "
                     f"got {entry!r:.80}"
                 )
-            for field in ARRAY_FIELDS:
-                value = entry[field]
-                if not _is_count(value):
-                    raise DataFormatError(
-                        f"{path}: arrays[{name!r}] field {field!r} is invalid: {value!r:.80}"
-                    )
+            _check_fields(entry, ARRAY_FIELDS, f"arrays[{name!r}]", path)
     datasets = payload.get("datasets")
     if not isinstance(datasets, dict):
         raise DataFormatError(f"{path}: 'datasets' must be an object, got {datasets!r:.80}")
@@ -341,15 +354,9 @@ def _validate(payload: Any, path: str) -> None:
         for suffix, entry in files.items():
             if not isinstance(entry, dict):
                 raise DataFormatError(f"{path}: {prefix}{suffix} must be an object")
-            for field in (*_FILE_FIELDS, *_IDENTITY_FIELDS):
-                if field in _IDENTITY_FIELDS and field not in entry:
-                    continue  # optional (older sidecars, adopted entries)
-                value = entry.get(field)
-                valid = isinstance(value, str) if field == "sample_sha256" else _is_count(value)
-                if not valid:
-                    raise DataFormatError(
-                        f"{path}: {prefix}{suffix} field {field!r} is invalid: {value!r:.80}"
-                    )
+            # the identity fields are optional (older sidecars, adopted entries)
+            fields = (*_FILE_FIELDS, *_IDENTITY_FIELDS)
+            _check_fields(entry, fields, f"{prefix}{suffix}", path, optional=_IDENTITY_FIELDS)
 
 
 def fingerprint_writer(path: str | os.PathLike[str], payload: Mapping[str, Any]) -> WrittenFile:
@@ -364,11 +371,7 @@ def fingerprint_writer(path: str | os.PathLike[str], payload: Mapping[str, Any])
 
 def write_fingerprint(path: str | os.PathLike[str], payload: Mapping[str, Any]) -> None:
     """Write a fingerprint sidecar atomically (temporary file + rename)."""
-    target = fingerprint_writer(path, payload)
-    try:
-        commit_together([target])
-    finally:
-        target.abort()  # no-op after commit
+    fingerprint_writer(path, payload).commit()
 
 
 def stale_reasons(
