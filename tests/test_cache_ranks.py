@@ -115,12 +115,12 @@ def _rank_main(job: dict[str, Any], rank: int) -> None:
     saves = [0]
     kill_at = job["kill_at"] if builder and rank in job["kill_ranks"] else None
 
-    def slow_save(path: Path, array: np.ndarray) -> Any:
+    def slow_save(path: Path, array: np.ndarray, *args: Any) -> Any:
         time.sleep(rng.random() * 0.02)  # widen the windows in which builders interleave
         saves[0] += 1
         if kill_at is not None and saves[0] == kill_at:
             os.kill(os.getpid(), signal.SIGKILL)
-        return real_save(path, array)
+        return real_save(path, array, *args)
 
     writes_module._npy_writer = slow_save
     if job.get("fail") and builder:

@@ -76,27 +76,19 @@ import tokenmill.index.cache_writes as writes_module
 import tokenmill.index.fingerprint as fingerprint_module
 point = {point!r}
 if point == "mid-array":
-    # killed with half of an array's bytes written under its temporary name
-    import tokenmill.common.atomic as atomic_module
-    real_write = atomic_module._write_all
-    after_header = []
-    def half_write(descriptor, data):
-        if after_header and data.nbytes > 1:  # the bytes of the array after its .npy header
-            real_write(descriptor, data[: data.nbytes // 2])
-            pause()
-        after_header.append(bytes(data[1:6]) == b"NUMPY")
-        if not after_header[-1]:
-            after_header.clear()
-        real_write(descriptor, data)
-    atomic_module._write_all = half_write
+    # killed with half of an array's bytes written under its temporary name: the background
+    # writer's second write(2) is the first array's data, after its .npy header; it stores half,
+    # prints PAUSED and sleeps
+    from tokenmill._core import _testing
+    _testing.inject_file_fault("write", 2, pause=True)
 elif point == "third-array":
     real = writes_module._npy_writer
     calls = []
-    def third(path, array):
+    def third(path, array, *args):
         calls.append(path)
         if len(calls) == 3:
             pause()
-        return real(path, array)
+        return real(path, array, *args)
     writes_module._npy_writer = third
 elif point in ("description", "rebuild"):
     # arrays and data fingerprint renamed into place, the descriptions (commit points) not yet

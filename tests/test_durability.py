@@ -8,32 +8,48 @@ import os
 import stat
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
+from tokenmill._core import _testing
 from tokenmill.common import atomic
 from tokenmill.common.atomic import AtomicFile, atomic_write_text
 from tokenmill.errors import ResourceLimitError
 from tokenmill.formats.megatron import IndexedDatasetBuilder
 
 
+def _take_background_syncs(calls: list[tuple[str, str]]) -> None:
+    """Append the fsyncs the background file writer made since the last call (its log)."""
+    calls.extend(("file", path) for path in _testing.take_file_syncs())
+
+
 @pytest.fixture
-def fsyncs(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str]]:
-    """Every os.fsync: ("dir" | "file", what the target's final path held at that moment)."""
+def fsyncs(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[str, str]]]:
+    """Every fsync: ("dir" | "file", what the target's final path held at that moment). Those of
+    Python (os.fsync) as they happen; those of the background file writer (its test log) before
+    the next Python fsync or rename (a commit waits for them before either), and at the end."""
     calls: list[tuple[str, str]] = []
     real_fsync = os.fsync
 
     def recording_fsync(descriptor: int) -> None:
+        _take_background_syncs(calls)
         kind = "dir" if stat.S_ISDIR(os.fstat(descriptor).st_mode) else "file"
         calls.append((kind, os.readlink(f"/proc/self/fd/{descriptor}")))
         real_fsync(descriptor)
 
     monkeypatch.setattr(os, "fsync", recording_fsync)
     monkeypatch.delenv("TOKENMILL_FSYNC", raising=False)
-    return calls
+    _testing.take_file_syncs()
+    _testing.record_file_syncs(True)
+    try:
+        yield calls
+    finally:
+        _testing.record_file_syncs(False)
+        _testing.take_file_syncs()
 
 
 def test_commit_fsyncs_the_file_before_the_rename_and_the_directory_after(
@@ -105,6 +121,7 @@ def events(monkeypatch: pytest.MonkeyPatch, fsyncs: list[tuple[str, str]]) -> li
     real_replace = os.replace
 
     def recording_replace(source: str, target: str) -> None:
+        _take_background_syncs(fsyncs)
         fsyncs.append(("rename", os.fspath(target)))
         real_replace(source, target)
 
@@ -132,13 +149,14 @@ def test_commit_together_syncs_every_file_before_any_rename_and_the_directory_on
 def test_commit_together_without_threads_is_the_same_commit(
     tmp_path: Path, events: list[tuple[str, str]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    def no_threads(*args: object, **kwargs: object) -> None:
-        raise RuntimeError("can't start new thread")
-
-    monkeypatch.setattr(atomic, "ThreadPoolExecutor", no_threads)
+    # writers that cannot start a thread (threads=0 runs every job in line) do the same work
+    monkeypatch.setattr(atomic, "_WRITERS", {})
+    monkeypatch.setattr(atomic, "_WRITER_THREADS", {"write": 0, "sync": 0})
     files = [AtomicFile(tmp_path / f"f{number}.txt") for number in range(3)]
-    atomic.commit_together(files)
-    assert [kind for kind, _ in events] == ["file"] * 3 + ["rename"] * 3 + ["dir"]
+    written = [atomic.WrittenFile(tmp_path / f"w{number}.txt", (b"w",)) for number in range(3)]
+    atomic.commit_together([*files, *written])
+    assert [kind for kind, _ in events] == ["file"] * 6 + ["rename"] * 6 + ["dir"]
+    assert [(tmp_path / f"w{number}.txt").read_bytes() for number in range(3)] == [b"w"] * 3
 
 
 def _entry(directory: Path, number: int) -> Any:
@@ -188,6 +206,30 @@ def test_deferred_commits_keep_the_entries_completed_before_an_error(tmp_path: P
         batch_that_fails()
     assert first.load()[0] is not None
     assert not second.description_path.exists()
+    assert not [name for name in os.listdir(tmp_path) if name.endswith(".tmp")]
+
+
+def test_a_batch_commits_every_entry_but_the_one_whose_file_could_not_be_written(
+    tmp_path: Path,
+) -> None:
+    from tokenmill.index.cache import deferred_commits
+
+    entries = [_entry(tmp_path, number) for number in range(6)]
+    # the 7th write(2) of the background writer fails: some entry's file, written while the
+    # batch goes on; that entry is left out, the others are committed, then the error is raised
+    _testing.inject_file_fault("write", 7, errno.ENOSPC)
+    try:
+        with pytest.raises(ResourceLimitError, match="filesystem is full"):
+            with deferred_commits():
+                for number, entry in enumerate(entries):
+                    entry.save({"a": np.arange(number + 1), "b": np.zeros(3)})
+    finally:
+        _testing.inject_file_fault("write", 0)
+    committed = [entry for entry in entries if entry.description_path.exists()]
+    assert len(committed) == 5
+    for entry in committed:
+        arrays, problems = entry.load()
+        assert problems == [] and arrays is not None
     assert not [name for name in os.listdir(tmp_path) if name.endswith(".tmp")]
 
 
@@ -299,22 +341,20 @@ def test_written_file_abort_and_errors(tmp_path: Path, monkeypatch: pytest.Monke
     assert written.temporary_path.endswith(".8.tmp")
     assert stale.read_bytes() == b"old"
 
-    # a failed write (disk full) leaves nothing behind and reports the error
-    def full(descriptor: int, data: memoryview) -> None:
-        raise OSError(errno.ENOSPC, "No space left on device")
-
-    monkeypatch.setattr(atomic, "_write_all", full)
+    # a failed write (disk full) leaves nothing behind and reports the error, again on a second
+    # look (a background write's error is raised when it is waited for)
+    _testing.inject_file_fault("write", 1, errno.ENOSPC)
     with pytest.raises(ResourceLimitError, match=r"cannot write .*c\.txt.*filesystem is full"):
         atomic.WrittenFile(tmp_path / "c.txt", (b"data",))
     assert not [name for name in os.listdir(tmp_path) if name.startswith(".c.txt")]
+    _testing.inject_file_fault("write", 2, errno.ENOSPC)
+    background = atomic.WrittenFile(tmp_path / "e.txt", (b"da", b"ta"), background=True)
+    for _ in range(2):
+        with pytest.raises(ResourceLimitError, match=r"cannot write .*e\.txt.*filesystem is full"):
+            background.finish()
+    assert not [name for name in os.listdir(tmp_path) if name.startswith(".e.txt")]
     # out of descriptors when creating it: named as the limit, never taken for a bad file
-    real_open = os.open
-
-    def no_descriptors(path: Any, *args: Any, **kwargs: Any) -> int:
-        if str(path).endswith(".tmp"):
-            raise OSError(errno.EMFILE, os.strerror(errno.EMFILE))
-        return real_open(path, *args, **kwargs)
-
-    monkeypatch.setattr(os, "open", no_descriptors)
+    _testing.inject_file_fault("create", 1, errno.EMFILE)
     with pytest.raises(ResourceLimitError, match=r"cannot create .*d\.txt.*ulimit -n"):
         atomic.WrittenFile(tmp_path / "d.txt", (b"data",))
+    assert not [name for name in os.listdir(tmp_path) if name.startswith(".d.txt")]

@@ -18,7 +18,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import tokenmill.common.atomic as atomic
+from tokenmill._core import _testing
 from tokenmill.datasets.gpt import GPTDataset, GPTDatasetConfig
 from tokenmill.datasets.utils import Split
 from tokenmill.errors import CacheError, PerformanceWarning
@@ -158,20 +158,14 @@ def test_interrupted_write_leaves_no_description(
 ) -> None:
     """The description is the commit point: a crash before it means a miss, never a bad hit."""
     config = make_config(shard, tmp_path / "cache")
-    calls = {"count": 0}
-    real_write = atomic._write_all
-
-    def failing_write(descriptor: int, data: memoryview) -> None:
-        calls["count"] += 1
-        if calls["count"] == 3:  # the second array's header, after the first array
-            raise OSError(errno.ENOSPC, "disk full")
-        real_write(descriptor, data)
-
-    monkeypatch.setattr(atomic, "_write_all", failing_write)
+    # the third write(2): the second array's header, after the first array
+    _testing.inject_file_fault("write", 3, errno.ENOSPC)
     # named as what it is (a ResourceLimitError, an OSError), never taken for a bad cache
-    with pytest.raises(OSError, match="filesystem is full"):
-        build(shard, config)
-    monkeypatch.setattr(atomic, "_write_all", real_write)
+    try:
+        with pytest.raises(OSError, match="filesystem is full"):
+            build(shard, config)
+    finally:
+        _testing.inject_file_fault("write", 0)
     leftovers = sorted(p.name for p in (tmp_path / "cache").iterdir() if not p.name.startswith("."))
     assert not any(name.endswith("description.txt") for name in leftovers)
     assert not any(name.endswith(".tmp") for name in os.listdir(tmp_path / "cache"))

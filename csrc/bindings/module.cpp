@@ -21,5 +21,6 @@ PYBIND11_MODULE(_core, m, py::mod_gil_not_used()) {
   register_gather(m);
   register_mixture(m, testing);
   register_text(m);
+  register_io(m, testing);
   register_runtime_testing(testing);
 }

@@ -16,16 +16,18 @@ import errno
 import itertools
 import os
 import tempfile
+import threading
 from collections.abc import Iterable, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from typing import BinaryIO, NoReturn, TypeVar
+from typing import BinaryIO, NamedTuple, NoReturn, TypeVar
 
+from tokenmill import _core
 from tokenmill.common.mapping import resource_error
 from tokenmill.common.owner import owner_tag
 
 __all__ = [
     "AtomicFile",
     "AtomicWriter",
+    "FileStatus",
     "WrittenFile",
     "atomic_write_text",
     "commit_together",
@@ -91,11 +93,6 @@ def _fsync_path(path: str) -> None:
         os.fsync(descriptor)
     finally:
         os.close(descriptor)
-
-
-def _fsync_paths(paths: Sequence[str]) -> None:
-    for path in paths:
-        _fsync_path(path)
 
 
 def durable_replace(source: str, target: str, *, sync_source: bool = True) -> None:
@@ -179,19 +176,32 @@ class AtomicFile:
 # Numbers that make this process's temporary names unique (the owner tag names the process);
 # next() on an itertools.count is atomic under the GIL, so builder threads can share it.
 _TEMPORARY_NUMBERS = itertools.count()
-_CREATE_FLAGS = (
-    os.O_WRONLY
-    | os.O_CREAT
-    | os.O_EXCL
-    | getattr(os, "O_CLOEXEC", 0)
-    | getattr(os, "O_NOFOLLOW", 0)
-)
+
+# The background writers (csrc/file_writer.hpp). "write" creates, writes, fstats and closes
+# files: its jobs take microseconds each, and two threads keep up with a builder on another
+# core. "sync" fsyncs them: its jobs wait on the disk, and many in flight share the disk's
+# journal commits (on the project's 2-core dev VM, ext4: 2,000 small files took 5 s fsynced one
+# after the other and 0.1 s from 16 threads), so a slow fsync never holds up a write. Workers
+# start on demand, only while every started one is busy, and sleep when idle.
+_WRITER_THREADS = {"write": 2, "sync": 16}
+_WRITERS: dict[str, tuple[int, _core.FileWriter]] = {}
+_WRITERS_LOCK = threading.Lock()
+
+# FileWriter steps (the `step` of an outcome)
+_CREATE, _OPEN, _FSYNC = 1, 4, 5
 
 
-def _write_all(descriptor: int, data: memoryview) -> None:
-    while data.nbytes:
-        written = os.write(descriptor, data)
-        data = data[written:]
+def _writer(kind: str) -> _core.FileWriter:
+    """This process's writer of `kind` ("write" or "sync"); a forked child makes its own."""
+    pid = os.getpid()
+    found = _WRITERS.get(kind)
+    if found is not None and found[0] == pid:
+        return found[1]
+    with _WRITERS_LOCK:
+        found = _WRITERS.get(kind)
+        if found is None or found[0] != pid:
+            found = _WRITERS[kind] = (pid, _core.FileWriter(_WRITER_THREADS[kind]))
+        return found[1]
 
 
 def _raise_named(error: OSError, path: str, what: str) -> NoReturn:
@@ -203,63 +213,132 @@ def _raise_named(error: OSError, path: str, what: str) -> NoReturn:
     raise limit from error
 
 
+class FileStatus(NamedTuple):
+    """What ``os.fstat`` said of a written file: the fields that survive its rename."""
+
+    st_size: int
+    st_ino: int
+    st_mtime_ns: int
+    st_ctime_ns: int
+
+
 class WrittenFile:
-    """Bytes already written and closed under a temporary name beside ``path``, for
+    """Bytes written and closed under a temporary name beside ``path``, for
     :func:`commit_together` to commit (or :meth:`abort` to remove).
 
     The small-file counterpart of :class:`AtomicFile`, for writers that have every byte at
-    hand (cache entries: a blend writes thousands of small files): one ``open``, the writes, an
-    ``fstat`` and a ``close``, with no Python file object, random name or ``fchmod``. The mode
-    is what ``open(path, "wb")`` gives (0o666 minus the umask, applied by the kernel).
+    hand (cache entries: a blend writes thousands of small files). The file is created
+    (``O_EXCL``), written, ``fstat``-ed and closed by `tokenmill._core.FileWriter` without the
+    GIL; the mode is what ``open(path, "wb")`` gives (0o666 minus the umask, applied by the
+    kernel).
 
     Args:
         path: the final path.
-        chunks: the file's contents, in order (anything with the buffer protocol).
-
-    Attributes:
-        status: ``os.fstat`` of the written file (size, mtime, inode survive the rename).
+        chunks: the file's contents, in order (C-contiguous buffers). They must stay unchanged
+            until the file is finished.
+        background: return at once and write on a background thread; :meth:`finish` (or
+            :func:`commit_together`) waits for it and raises its error. Otherwise the file is
+            written when the constructor returns.
 
     Raises:
         FileNotFoundError: the directory of ``path`` does not exist.
+        ResourceLimitError: out of descriptors or disk space (an OSError).
     """
 
-    def __init__(self, path: str | os.PathLike[str], chunks: Iterable[object]) -> None:
+    def __init__(
+        self, path: str | os.PathLike[str], chunks: Iterable[object], *, background: bool = False
+    ) -> None:
         self.path = os.fspath(path)
         self._done = True  # nothing to remove until the temporary file exists
+        self._sync_ticket: int | None = None
+        self._ticket: int | None = None
+        self._status: FileStatus | None = None
+        self._error: OSError | None = None
+        self._chunks: list[object] | None = list(chunks)
+        self._start()
+        if not background:
+            self.finish()
+
+    def _start(self) -> None:
         directory, name = os.path.split(self.path)
-        while True:
-            temporary = os.path.join(
-                directory, f".{name}.{owner_tag()}.{next(_TEMPORARY_NUMBERS)}.tmp"
-            )
-            try:
-                descriptor = os.open(temporary, _CREATE_FLAGS, 0o666)
-                break
-            except FileExistsError:  # left by an earlier process with this pid: next number
-                continue
-            except FileNotFoundError:
-                missing = os.path.dirname(os.path.abspath(self.path))
-                raise FileNotFoundError(
-                    errno.ENOENT, f"directory of {self.path} does not exist: {missing}"
-                ) from None
-            except OSError as error:
-                _raise_named(error, temporary, "create")
-        self.temporary_path = temporary
+        self.temporary_path = os.path.join(
+            directory, f".{name}.{owner_tag()}.{next(_TEMPORARY_NUMBERS)}.tmp"
+        )
+        self._ticket = _writer("write").submit_write(self.temporary_path, self._chunks or [])
         self._done = False
+
+    @property
+    def status(self) -> FileStatus:
+        """The written file's size, inode, mtime and ctime (waits for a background write)."""
+        return self.finish()
+
+    def finish(self) -> FileStatus:
+        """Wait for the write; raise its error (again on every later call), with nothing left
+        behind."""
         try:
-            try:
-                for chunk in chunks:
-                    view = memoryview(chunk)  # type: ignore[arg-type]
-                    if view.nbytes:  # (an empty multi-dimensional view cannot be cast)
-                        _write_all(descriptor, view.cast("B"))
-                self.status = os.fstat(descriptor)
-            finally:
-                os.close(descriptor)
+            return self._finish()
         except OSError as error:
-            self.abort()
-            _raise_named(error, temporary, "write")
-        except BaseException:
-            self.abort()
+            self._error = error
             raise
+
+    def _finish(self) -> FileStatus:
+        while self._status is None:
+            if self._error is not None:
+                raise self._error
+            if self._ticket is None:
+                raise RuntimeError(f"{self.path}: aborted before it was written")
+            error, step, size, inode, mtime_ns, ctime_ns = _writer("write").wait(self._ticket)
+            self._ticket = None
+            if not error:
+                self._status = FileStatus(size, inode, mtime_ns, ctime_ns)
+                self._chunks = None
+                break
+            if step == _CREATE:
+                self._done = True  # nothing was created
+                if error == errno.EEXIST:  # left by an earlier process with this pid: next number
+                    self._start()
+                    continue
+                self._chunks = None
+                if error == errno.ENOENT:
+                    missing = os.path.dirname(os.path.abspath(self.path))
+                    raise FileNotFoundError(
+                        errno.ENOENT, f"directory of {self.path} does not exist: {missing}"
+                    )
+                _raise_named(
+                    OSError(error, os.strerror(error), self.temporary_path),
+                    self.temporary_path,
+                    "create",
+                )
+            self.abort()
+            _raise_named(
+                OSError(error, os.strerror(error), self.temporary_path),
+                self.temporary_path,
+                "fsync" if step == _FSYNC else "write",
+            )
+        return self._status
+
+    def start_sync(self) -> None:
+        """Start fsyncing the file in the background (when commits fsync), once it is written;
+        :func:`commit_together` then waits for that instead of syncing it. A builder syncs one
+        entry's files while it builds the next."""
+        if self._sync_ticket is None and not self._done and fsync_enabled():
+            self.finish()
+            self._sync_ticket = _writer("sync").submit_sync(self.temporary_path)
+
+    def _wait_sync(self) -> bool:
+        """Wait for :meth:`start_sync`'s fsync (False: none was started); raise its error."""
+        ticket, self._sync_ticket = self._sync_ticket, None
+        if ticket is None:
+            return False
+        error, step, *_ = _writer("sync").wait(ticket)
+        if error:
+            what = "open" if step == _OPEN else "fsync"
+            raise OSError(
+                error,
+                f"cannot {what} {self.temporary_path}: {os.strerror(error)}",
+                self.temporary_path,
+            )
+        return True
 
     def commit(self) -> None:
         """Commit this file alone (:func:`commit_together`); on failure it is removed."""
@@ -269,10 +348,18 @@ class WrittenFile:
             self.abort()  # no-op after commit
 
     def close_written(self) -> None:
-        """Nothing to do: the file was closed when written (the interface of AtomicFile)."""
+        """Wait for the write (the interface of AtomicFile: the file is closed after it)."""
+        self.finish()
 
     def abort(self) -> None:
         """Remove the temporary file (the final path is left untouched)."""
+        if self._ticket is not None:  # still being written: wait, then remove
+            ticket, self._ticket = self._ticket, None
+            with contextlib.suppress(Exception):
+                _writer("write").wait(ticket)
+        self._chunks = None
+        with contextlib.suppress(OSError):
+            self._wait_sync()  # before the file goes
         if self._done:
             return
         self._done = True
@@ -280,54 +367,50 @@ class WrittenFile:
             os.unlink(self.temporary_path)
 
     def __del__(self) -> None:
-        if not getattr(self, "_done", True):
+        if (
+            not getattr(self, "_done", True)
+            or getattr(self, "_ticket", None) is not None
+            or getattr(self, "_sync_ticket", None) is not None
+        ):
             self.abort()
 
 
-# Concurrent fsyncs share the filesystem's journal commits (ext4, XFS) or round trips (NFS): on
-# the project's 2-core dev VM (ext4), 2,000 small files took 5 s fsynced one after the other and
-# 0.1 s from 16 threads.
-_FSYNC_THREADS = 16
+def _fsync_all(paths: Sequence[str]) -> None:
+    """fsync every path, many in flight at once (the writer's threads)."""
+    if not paths:
+        return
+    for path, (error, step) in zip(paths, _writer("sync").sync_all(list(paths))):
+        if error:
+            what = "open" if step == _OPEN else "fsync"
+            raise OSError(error, f"cannot {what} {path}: {os.strerror(error)}", path)
 
 
 def commit_together(files: Sequence[AtomicFile | WrittenFile]) -> None:
-    """Commit many written files as one group: every temporary file fsynced (in parallel), then
-    each renamed in the order given, then each directory fsynced once.
+    """Commit many written files as one group: every file finished and fsynced (many in flight
+    at once), then each renamed in the order given, then each directory fsynced once.
 
     Durable as committing them one by one (no name is renamed before its data is on disk, and
     the renames are on disk when this returns), at about the cost of one fsync instead of two
     per file. Callers put commit points (a cache entry's description) after the files they vouch
-    for. Without threads (a process that cannot start them) the fsyncs run one after another.
+    for.
     """
     pending = [file for file in files if not file._done]
     for file in pending:
         file.close_written()
     durable = fsync_enabled()
     if durable and pending:
-        paths = [file.temporary_path for file in pending]
-        # one task per thread, each a slice of the paths: a future per file cost more in
-        # hand-overs between threads than the fsyncs themselves on a fast disk
-        threads = min(_FSYNC_THREADS, len(paths))
-        slices = [paths[number::threads] for number in range(threads)]
-        try:
-            pool = ThreadPoolExecutor(max_workers=threads) if threads > 1 else None
-        except RuntimeError:
-            pool = None
-        if pool is None:
-            _fsync_paths(paths)
-        else:
-            try:
-                with pool:
-                    list(pool.map(_fsync_paths, slices))
-            except RuntimeError:  # "can't start new thread": the same work, serially
-                _fsync_paths(paths)
-    directories: dict[str, None] = {}
+        # files whose fsync started earlier (WrittenFile.start_sync) are waited for
+        started = {
+            id(file) for file in pending if isinstance(file, WrittenFile) and file._wait_sync()
+        }
+        _fsync_all([file.temporary_path for file in pending if id(file) not in started])
+    directories: set[str] = set()
     for file in pending:
         os.replace(file.temporary_path, file.path)
         file._done = True
-        directories[os.path.dirname(os.path.abspath(file.path))] = None
+        directories.add(os.path.dirname(file.path))
     if durable:
-        for directory in directories:
+        for directory in {os.path.abspath(directory or os.curdir) for directory in directories}:
             fsync_directory(directory)
 
 

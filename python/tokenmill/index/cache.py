@@ -394,6 +394,7 @@ class IndexCache:
         arrays: Mapping[str, npt.NDArray[Any]],
         fingerprint: Mapping[str, Any] | None = None,
         vouch: bool = False,
+        fingerprint_made_here: bool = False,
     ) -> None:
         """Write every array, the data fingerprint and the description, each under a temporary
         name, then commit them: the arrays and fingerprint fsynced and renamed first, the
@@ -403,7 +404,8 @@ class IndexCache:
 
         `vouch`: every value of `arrays` is valid (checked, or kernel-built); the fingerprint
         sidecar then records each array file (size, mtime, inode) so later loads of these very
-        files skip the value checks.
+        files skip the value checks. `fingerprint_made_here`: `fingerprint` comes from
+        `fingerprint.fingerprint_prefixes` (its structure is not checked again).
         """
         self.directory.mkdir(parents=True, exist_ok=True)
         write_entry(
@@ -414,6 +416,7 @@ class IndexCache:
             self.description_path,
             self.description,
             vouch,
+            fingerprint_made_here,
         )
 
     def load_or_build(
@@ -592,7 +595,7 @@ class IndexCache:
             problems = self._shape_problems(built, specs)
         if problems:  # never commit an entry that would be refused on load
             raise CacheError("built index arrays are invalid: " + "; ".join(problems))
-        self.save(built, fingerprint, vouch=bool(specs))
+        self.save(built, fingerprint, vouch=bool(specs), fingerprint_made_here=True)
         return built
 
     def check_deferred(self, data_prefixes: Sequence[str], data_check: str) -> None:

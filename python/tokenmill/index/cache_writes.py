@@ -33,13 +33,11 @@ __all__ = ["atomic_save_npy", "batch_active", "deferred_commits", "write_entry"]
 # its data files and its description. Process-wide rather than a contextvar: the builder
 # constructs the members of a blend on a thread pool, and executor threads do not inherit the
 # caller's context.
-_DEFERRED: list[tuple[list[WrittenFile], WrittenFile]] | None = None
+_DEFERRED: list[_Entry] | None = None
 _DEFERRED_LOCK = threading.Lock()
 
 
-def npy_header(array: npt.NDArray[Any]) -> bytes:
-    """The header ``numpy.save`` writes before `array`'s bytes (format 1.0, or 2.0 when the
-    header does not fit 1.0's 16-bit length), for a C-contiguous `array`."""
+def _numpy_header(array: npt.NDArray[Any]) -> bytes:
     header = io.BytesIO()
     fields = np.lib.format.header_data_from_array_1_0(array)
     try:
@@ -50,18 +48,112 @@ def npy_header(array: npt.NDArray[Any]) -> bytes:
     return header.getvalue()
 
 
-def _npy_writer(path: Path, array: npt.NDArray[Any]) -> WrittenFile:
+# numpy's headers by (dtype, rank, length of the shape's repr): the padding depends only on
+# the header's length, so two arrays that differ only in equally long shape digits have the
+# same header but for those digits. numpy's own writer costs ~40 us a call; a blend's cold
+# build writes 3 arrays per source.
+_HEADER_TEMPLATES: dict[tuple[str, int, int], tuple[bytes, int]] = {}
+
+
+def npy_header(array: npt.NDArray[Any]) -> bytes:
+    """The header ``numpy.save`` writes before `array`'s bytes (format 1.0, or 2.0 when the
+    header does not fit 1.0's 16-bit length), for a C-contiguous `array`."""
+    dtype = array.dtype
+    if dtype.names is not None or dtype.subdtype is not None or dtype.metadata:
+        return _numpy_header(array)  # structured or annotated dtypes: numpy's own writer
+    shape = repr(array.shape).encode("ascii")
+    key = (dtype.str, array.ndim, len(shape))
+    template = _HEADER_TEMPLATES.get(key)
+    if template is None:
+        header = _numpy_header(array)
+        start = header.find(b"'shape': " + shape)
+        if start < 0:  # not the layout this shortcut knows: numpy's writer, uncached
+            return header
+        template = _HEADER_TEMPLATES[key] = (header, start + len(b"'shape': "))
+        return header
+    header, start = template
+    return header[:start] + shape + header[start + len(shape) :]
+
+
+def _npy_writer(path: Path, array: npt.NDArray[Any], background: bool = False) -> WrittenFile:
     """`array` written as ``numpy.save`` writes it (the same bytes, megatron-core's format),
     under the temporary name of `path`, for the caller to commit."""
     array = np.ascontiguousarray(array)
     if array.dtype.hasobject:
         raise ValueError(f"{path}: cannot cache an array of Python objects ({array.dtype})")
-    return WrittenFile(path, (npy_header(array), array))
+    return WrittenFile(path, (npy_header(array), array), background=background)
 
 
 def atomic_save_npy(path: Path, array: npt.NDArray[Any]) -> None:
     """numpy.save `array` to `path` (same bytes) through a temporary file and a rename."""
     _npy_writer(path, array).commit()
+
+
+class _Entry:
+    """One entry's files, written in the background: its arrays and description from the start
+    and, once the arrays are written (:meth:`seal`), its data fingerprint, which records the
+    array files' status when it vouches."""
+
+    def __init__(
+        self,
+        arrays: Mapping[str, WrittenFile],
+        fingerprint_path: Path,
+        fingerprint: Mapping[str, Any] | None,
+        description_path: Path,
+        description: str,
+        vouch: bool,
+        fingerprint_made_here: bool,
+    ) -> None:
+        self.arrays = dict(arrays)
+        self.fingerprint_made_here = fingerprint_made_here
+        self.fingerprint_path = fingerprint_path
+        self.fingerprint = fingerprint
+        self.vouch = vouch
+        self.data_files: list[WrittenFile] = list(arrays.values())
+        self.committing = WrittenFile(
+            description_path, (description.encode("utf-8"),), background=True
+        )
+        self.sealed = False
+
+    def files(self) -> list[WrittenFile]:
+        return [*self.data_files, self.committing]
+
+    def seal(self) -> None:
+        """Wait for the arrays; start the data fingerprint (background)."""
+        if self.sealed:
+            return
+        self.sealed = True
+        written = {
+            name: data_fingerprint.array_status(file.finish()) for name, file in self.arrays.items()
+        }
+        for file in self.arrays.values():
+            file.start_sync()
+
+        if self.fingerprint is not None:
+            vouched = {**self.fingerprint, "arrays": written} if self.vouch else self.fingerprint
+            self.data_files.append(
+                data_fingerprint.fingerprint_writer(
+                    self.fingerprint_path,
+                    vouched,
+                    background=True,
+                    made_here=self.fingerprint_made_here,
+                )
+            )
+
+    def start_syncs(self) -> None:
+        """Start fsyncing the fingerprint and description (written by now, see write_entry)."""
+        for file in (*self.data_files[len(self.arrays) :], self.committing):
+            file.start_sync()
+
+    def finish(self) -> None:
+        """Wait for every file (raises the first error)."""
+        self.seal()
+        for file in self.files():
+            file.finish()
+
+    def abort(self) -> None:
+        for file in self.files():
+            file.abort()
 
 
 def write_entry(
@@ -72,37 +164,59 @@ def write_entry(
     description_path: Path,
     description: str,
     vouch: bool,
+    fingerprint_made_here: bool = False,
 ) -> None:
     """Write an entry's arrays, data fingerprint (if any) and description under temporary
     names, then commit them (now, or when the enclosing :func:`deferred_commits` ends).
 
+    Inside :func:`deferred_commits` the arrays are written on a background thread
+    (`tokenmill._core.FileWriter`, without the GIL) while the caller builds the next entry, and
+    the fingerprint and description are written when the batch commits; the arrays must not
+    change meanwhile (the builder only reads them).
+
     `vouch`: every value of `arrays` is valid (checked, or built by tokenmill's own kernels);
     the fingerprint then records each array file's size, mtime and inode (a rename keeps all
     three), so later loads of these very files skip the value checks
-    (`fingerprint.vouches_for`).
+    (`fingerprint.vouches_for`). `fingerprint_made_here`: see IndexCache.save.
     """
-    files: list[WrittenFile] = []
-    written: dict[str, dict[str, int]] = {}
+    background = batch_active()
+    files: dict[str, WrittenFile] = {}
     try:
         for name, path in array_paths.items():
-            file = _npy_writer(path, arrays[name])
-            files.append(file)
-            written[name] = data_fingerprint.array_status(file.status)
-        if fingerprint is not None:
-            vouched = {**fingerprint, "arrays": written} if vouch else dict(fingerprint)
-            files.append(data_fingerprint.fingerprint_writer(fingerprint_path, vouched))
-        committing = WrittenFile(description_path, (description.encode("utf-8"),))
-        files.append(committing)
+            files[name] = _npy_writer(path, arrays[name], background)
+        entry = _Entry(
+            files,
+            fingerprint_path,
+            fingerprint,
+            description_path,
+            description,
+            vouch,
+            fingerprint_made_here,
+        )
     except BaseException:
-        for file in files:
+        for file in files.values():
             file.abort()
         raise
     with _DEFERRED_LOCK:
         batch = _DEFERRED
         if batch is not None:
-            batch.append((files[:-1], committing))
-            return
-    _commit_entries([(files[:-1], committing)])
+            batch.append(entry)
+            # the previous entry's arrays were written while this one was built: its
+            # fingerprint starts now instead of at the commit, and the one before it has all its
+            # files written: their fsyncs start
+            earlier = batch[-3:-1]
+        else:
+            earlier = []
+    if batch is None:
+        _commit_entries([entry])
+        return
+    # an error here is raised when the batch commits (_Entry.finish)
+    if earlier:
+        with contextlib.suppress(Exception):
+            earlier[-1].seal()
+    if len(earlier) == 2:
+        with contextlib.suppress(Exception):
+            earlier[0].start_syncs()
 
 
 def batch_active() -> bool:
@@ -139,13 +253,28 @@ def deferred_commits() -> Iterator[None]:
             _commit_entries(entries)
 
 
-def _commit_entries(entries: Sequence[tuple[Sequence[WrittenFile], WrittenFile]]) -> None:
+def _commit_entries(entries: Sequence[_Entry]) -> None:
     """Data files of every entry, then every description; on failure nothing uncommitted is left
-    behind (temporary files are removed)."""
+    behind (temporary files are removed). An entry whose files could not be written is left
+    out, the others are committed, and the first error is raised after."""
+    failure: BaseException | None = None
+    complete: list[_Entry] = []
     try:
-        commit_together([file for files, _ in entries for file in files])
-        commit_together([description for _, description in entries])
+        for entry in entries:  # fingerprints start while earlier entries' files are waited for
+            with contextlib.suppress(Exception):
+                entry.seal()
+        for entry in entries:
+            try:
+                entry.finish()
+            except Exception as error:
+                failure = failure or error
+                entry.abort()
+            else:
+                complete.append(entry)
+        commit_together([file for entry in complete for file in entry.data_files])
+        commit_together([entry.committing for entry in complete])
     finally:
-        for files, description in entries:
-            for file in (*files, description):
-                file.abort()  # no-op after commit
+        for entry in entries:
+            entry.abort()  # no-op after commit
+    if failure is not None:
+        raise failure

@@ -52,7 +52,7 @@ import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
-from tokenmill.common.atomic import WrittenFile
+from tokenmill.common.atomic import FileStatus, WrittenFile
 from tokenmill.common.sidecar import check_header
 from tokenmill.errors import DataFormatError
 
@@ -97,19 +97,34 @@ _FILE_FIELDS = ("size", "mtime_ns", "sample_sha256")
 _IDENTITY_FIELDS = ("ctime_ns", "inode")
 
 
+def _read_at(descriptor: int, size: int, offset: int) -> bytes:
+    """`size` bytes at `offset` (fewer only if the file shrank meanwhile)."""
+    data = os.pread(descriptor, size, offset)
+    while len(data) < size:
+        more = os.pread(descriptor, size - len(data), offset + len(data))
+        if not more:
+            break
+        data += more
+    return data
+
+
 def fingerprint_file(path: str | os.PathLike[str]) -> dict[str, Any]:
     """Size, modification time (ns) and sha256 of the first and last :data:`SAMPLE_BYTES`.
 
     Raises:
         FileNotFoundError: the file does not exist.
     """
-    with open(path, "rb") as stream:
-        status = os.fstat(stream.fileno())
+    # descriptor calls, not a Python file object: a cold blend fingerprints 2 files per source
+    descriptor = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    try:
+        status = os.fstat(descriptor)
         digest = hashlib.sha256()
-        digest.update(stream.read(SAMPLE_BYTES))
+        digest.update(_read_at(descriptor, min(SAMPLE_BYTES, status.st_size), 0))
         if status.st_size > SAMPLE_BYTES:
-            stream.seek(max(SAMPLE_BYTES, status.st_size - SAMPLE_BYTES))
-            digest.update(stream.read(SAMPLE_BYTES))
+            start = max(SAMPLE_BYTES, status.st_size - SAMPLE_BYTES)
+            digest.update(_read_at(descriptor, status.st_size - start, start))
+    finally:
+        os.close(descriptor)
     return {
         "size": int(status.st_size),
         "mtime_ns": int(status.st_mtime_ns),
@@ -280,7 +295,7 @@ ARRAY_FIELDS = ("size", "mtime_ns", "inode")
 """Fields of each entry of a sidecar's optional ``arrays`` record (see :func:`vouches_for`)."""
 
 
-def array_status(status: os.stat_result) -> dict[str, int]:
+def array_status(status: os.stat_result | FileStatus) -> dict[str, int]:
     """The ``arrays`` record of one cached array file, from its ``stat``."""
     return {
         "size": int(status.st_size),
@@ -359,14 +374,23 @@ def _validate(payload: Any, path: str) -> None:
             _check_fields(entry, fields, f"{prefix}{suffix}", path, optional=_IDENTITY_FIELDS)
 
 
-def fingerprint_writer(path: str | os.PathLike[str], payload: Mapping[str, Any]) -> WrittenFile:
-    """A fingerprint sidecar written under its temporary name, for the caller to commit (or
-    abort)."""
-    _validate(payload, os.fspath(path))
+def fingerprint_writer(
+    path: str | os.PathLike[str],
+    payload: Mapping[str, Any],
+    background: bool = False,
+    made_here: bool = False,
+) -> WrittenFile:
+    """A fingerprint sidecar written under its temporary name (`background`: being written,
+    see WrittenFile), for the caller to commit (or abort).
+
+    `made_here`: the payload was made by this module (`fingerprint_prefixes`, `array_status`),
+    so its structure is not checked again (a cold blend writes one sidecar per source)."""
+    if not made_here:
+        _validate(payload, os.fspath(path))
     # compact: json.dumps with indent runs the pure-Python encoder, 4x slower on a blend's
     # sidecar (2 files per source); `python -m json.tool` shows it indented
     text = json.dumps(payload, sort_keys=True, separators=(",", ":")) + "\n"
-    return WrittenFile(path, (text.encode("utf-8"),))
+    return WrittenFile(path, (text.encode("utf-8"),), background=background)
 
 
 def write_fingerprint(path: str | os.PathLike[str], payload: Mapping[str, Any]) -> None:

@@ -1,0 +1,221 @@
+// Bindings of the background file writer (csrc/file_writer.hpp), used by
+// tokenmill.common.atomic for cache files: the one binding that does I/O. It holds a buffer
+// view of every chunk it was given until the job's ticket is waited for, so the bytes stay
+// alive and the exporter (a numpy array) cannot resize them meanwhile; waiting releases the GIL.
+#include <pybind11/stl.h>
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <tuple>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "../file_writer.hpp"
+#include "bindings.hpp"
+
+namespace tokenmill::bindings {
+namespace {
+
+using namespace pybind11::literals;
+
+// (errno, failed step, size, inode, mtime_ns, ctime_ns)
+using Outcome = std::tuple<int, int, uint64_t, uint64_t, int64_t, int64_t>;
+
+// A buffer view held until its job has been waited for; released with the GIL held.
+class HeldBuffer {
+ public:
+  explicit HeldBuffer(const py::handle& exporter) {
+    // a C-contiguous view (a non-contiguous exporter raises BufferError)
+    if (PyObject_GetBuffer(exporter.ptr(), &view_, PyBUF_C_CONTIGUOUS) != 0) {
+      throw py::error_already_set();
+    }
+  }
+  ~HeldBuffer() { PyBuffer_Release(&view_); }
+  HeldBuffer(const HeldBuffer&) = delete;
+  HeldBuffer& operator=(const HeldBuffer&) = delete;
+  FileChunk chunk() const { return FileChunk{view_.buf, static_cast<size_t>(view_.len)}; }
+
+ private:
+  Py_buffer view_{};
+};
+
+struct PendingJob {
+  uint64_t ticket = 0;  // the FileWriter's
+  std::vector<std::unique_ptr<HeldBuffer>> buffers;
+};
+
+class PyFileWriter {
+ public:
+  explicit PyFileWriter(int threads) {
+    if (threads < 0) throw py::value_error("threads must be >= 0, got " + std::to_string(threads));
+    writer_ = std::make_unique<FileWriter>(threads);
+  }
+
+  ~PyFileWriter() {
+    {
+      py::gil_scoped_release release;  // queued jobs finish without Python
+      writer_.reset();
+    }
+    jobs_.clear();  // the buffer views are released with the GIL held
+  }
+
+  uint64_t submit_write(const std::string& path, const py::list& chunks, bool sync) {
+    PendingJob job;
+    std::vector<FileChunk> spans;
+    job.buffers.reserve(chunks.size());
+    spans.reserve(chunks.size());
+    for (const py::handle& chunk : chunks) {
+      if (!PyObject_CheckBuffer(chunk.ptr())) {
+        throw py::type_error("chunks must support the buffer protocol, got " +
+                             std::string(py::str(py::type::of(chunk).attr("__name__"))));
+      }
+      job.buffers.push_back(std::make_unique<HeldBuffer>(chunk));
+      spans.push_back(job.buffers.back()->chunk());
+    }
+    // the views are stored before the job can start, so nothing can free them under a worker
+    uint64_t key;
+    PendingJob* stored;
+    {
+      std::lock_guard<std::mutex> lock(jobs_mutex_);
+      key = next_key_++;
+      stored = &jobs_.emplace(key, std::move(job)).first->second;
+    }
+    uint64_t ticket;
+    try {
+      py::gil_scoped_release release;  // may run the job in line (no worker could start)
+      ticket = writer_->submit_write(path, std::move(spans), sync);
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(jobs_mutex_);
+      jobs_.erase(key);
+      throw;
+    }
+    std::lock_guard<std::mutex> lock(jobs_mutex_);
+    stored->ticket = ticket;  // unordered_map values never move
+    return key;
+  }
+
+  uint64_t submit_sync(const std::string& path) {
+    uint64_t key;
+    PendingJob* stored;
+    {
+      std::lock_guard<std::mutex> lock(jobs_mutex_);
+      key = next_key_++;
+      stored = &jobs_.emplace(key, PendingJob{}).first->second;
+    }
+    uint64_t ticket;
+    try {
+      py::gil_scoped_release release;  // may run the job in line (no worker could start)
+      ticket = writer_->submit_sync(path);
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(jobs_mutex_);
+      jobs_.erase(key);
+      throw;
+    }
+    std::lock_guard<std::mutex> lock(jobs_mutex_);
+    stored->ticket = ticket;
+    return key;
+  }
+
+  // fsync every path, all in flight at once; (errno, failed step) per path
+  std::vector<std::pair<int, int>> sync_all(const std::vector<std::string>& paths) {
+    py::gil_scoped_release release;
+    std::vector<uint64_t> tickets;
+    tickets.reserve(paths.size());
+    std::vector<std::pair<int, int>> outcomes;
+    outcomes.reserve(paths.size());
+    try {
+      for (const std::string& path : paths) tickets.push_back(writer_->submit_sync(path));
+    } catch (...) {
+      for (uint64_t ticket : tickets) writer_->wait(ticket);  // none left behind
+      throw;
+    }
+    for (uint64_t ticket : tickets) {
+      FileWriteOutcome outcome = writer_->wait(ticket);
+      outcomes.emplace_back(outcome.error, static_cast<int>(outcome.step));
+    }
+    return outcomes;
+  }
+
+  Outcome wait(uint64_t key) {
+    uint64_t ticket;
+    {
+      std::lock_guard<std::mutex> lock(jobs_mutex_);
+      auto found = jobs_.find(key);
+      if (found == jobs_.end() || found->second.ticket == 0) {
+        throw py::value_error("unknown or already waited-for ticket " + std::to_string(key));
+      }
+      ticket = found->second.ticket;
+    }
+    FileWriteOutcome outcome;
+    {
+      py::gil_scoped_release release;
+      outcome = writer_->wait(ticket);
+    }
+    PendingJob done;
+    {
+      std::lock_guard<std::mutex> lock(jobs_mutex_);
+      auto found = jobs_.find(key);
+      if (found != jobs_.end()) {
+        done = std::move(found->second);
+        jobs_.erase(found);
+      }
+    }
+    return {outcome.error, static_cast<int>(outcome.step), outcome.size, outcome.inode,
+            outcome.mtime_ns, outcome.ctime_ns};
+  }
+
+ private:
+  std::unique_ptr<FileWriter> writer_;
+  std::mutex jobs_mutex_;
+  uint64_t next_key_ = 1;
+  std::unordered_map<uint64_t, PendingJob> jobs_;  // submitted, not yet waited for
+};
+
+void inject_file_fault(const std::string& step, int count, int error, bool pause) {
+  FileStep parsed;
+  if (step == "create") {
+    parsed = FileStep::create;
+  } else if (step == "write") {
+    parsed = FileStep::write;
+  } else {
+    throw py::value_error("step must be 'create' or 'write', got '" + step + "'");
+  }
+  file_writer_testing::inject(parsed, count, error, pause);
+}
+
+}  // namespace
+
+void register_io(py::module_& m, py::module_& testing) {
+  py::class_<PyFileWriter>(m, "FileWriter",
+                           "Small files created, written, fstat-ed and closed on background "
+                           "threads, and fsyncs (csrc/file_writer.hpp).")
+      .def(py::init<int>(), "threads"_a,
+           "At most `threads` worker threads, started on demand (0: every job in line).")
+      .def("submit_write", &PyFileWriter::submit_write, "path"_a, "chunks"_a, "sync"_a = false,
+           "Create `path` (O_EXCL), write the chunks (buffers, kept alive until wait) and, with "
+           "`sync`, fsync it; returns a ticket.")
+      .def("submit_sync", &PyFileWriter::submit_sync, "path"_a,
+           "fsync an existing `path` (open, fsync, close); returns a ticket.")
+      .def("sync_all", &PyFileWriter::sync_all, "paths"_a,
+           "fsync every path (open, fsync, close), all in flight at once; (errno, failed "
+           "step) per path.")
+      .def("wait", &PyFileWriter::wait, "ticket"_a,
+           "The job's outcome: (errno, failed step, size, inode, mtime_ns, ctime_ns); steps: "
+           "0 none, 1 create, 2 write, 3 fstat, 4 open, 5 fsync.");
+  testing.def("inject_file_fault", &inject_file_fault, "step"_a, "count"_a, "error"_a = 0,
+              "pause"_a = false,
+              "The count-th create or write(2) of the file writer from now fails with errno "
+              "`error`, or (pause) writes half its bytes, prints PAUSED and sleeps; count <= 0 "
+              "disables.");
+  testing.def("record_file_syncs", &file_writer_testing::record_syncs, "on"_a,
+              "While on, every successful fsync of the file writer logs its path.");
+  testing.def("fail_file_writer_threads", &file_writer_testing::fail_thread_creation, "fail"_a,
+              "While true, the file writer cannot start worker threads (jobs run in line).");
+  testing.def("take_file_syncs", &file_writer_testing::take_synced,
+              "The paths fsynced since the last call (while recording), in order.");
+}
+
+}  // namespace tokenmill::bindings

@@ -1,0 +1,269 @@
+#include "file_writer.hpp"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <new>
+#include <stdexcept>
+#include <system_error>
+
+namespace tokenmill {
+
+namespace {
+
+// -- fault injection (tests only; one relaxed check per step otherwise) --------------------------
+
+std::atomic<int> fault_step{0};
+std::atomic<int> fault_countdown{0};
+std::atomic<int> fault_error{0};
+std::atomic<bool> fault_pause{false};
+
+std::atomic<bool> recording_syncs{false};
+std::atomic<bool> failing_threads{false};
+std::mutex synced_mutex;
+std::vector<std::string> synced_log;
+
+enum class Fault { none, fail, pause };
+
+Fault injected(FileStep step) {
+  if (fault_step.load(std::memory_order_relaxed) != static_cast<int>(step)) return Fault::none;
+  if (fault_countdown.fetch_sub(1) != 1) return Fault::none;
+  return fault_pause.load() ? Fault::pause : Fault::fail;
+}
+
+[[noreturn]] void pause_forever() {
+  static const char message[] = "PAUSED\n";
+  ssize_t ignored = ::write(STDOUT_FILENO, message, sizeof message - 1);
+  (void)ignored;
+  for (;;) std::this_thread::sleep_for(std::chrono::seconds(60));
+}
+
+void log_sync(const std::string& path) noexcept {
+  if (!recording_syncs.load(std::memory_order_relaxed)) return;
+  try {
+    std::lock_guard<std::mutex> lock(synced_mutex);
+    synced_log.push_back(path);
+  } catch (...) {  // tests only: a lost log line fails the test that reads it
+  }
+}
+
+int64_t nanoseconds(const struct timespec& time) {
+  return static_cast<int64_t>(time.tv_sec) * 1000000000 + time.tv_nsec;
+}
+
+FileWriteOutcome failed(FileStep step, int error) {
+  FileWriteOutcome outcome;
+  outcome.error = error;
+  outcome.step = step;
+  return outcome;
+}
+
+// write(2) until every byte is written (short writes and EINTR retried); 0 or errno.
+int write_all(int descriptor, const unsigned char* data, size_t size) {
+  if (size > 0) {
+    Fault fault = injected(FileStep::write);
+    if (fault == Fault::fail) return fault_error.load();
+    if (fault == Fault::pause) {
+      size_t half = size / 2;
+      while (half > 0) {
+        ssize_t written = ::write(descriptor, data, half);
+        if (written <= 0) break;
+        data += written;
+        size -= static_cast<size_t>(written);
+        half -= static_cast<size_t>(written);
+      }
+      pause_forever();
+    }
+  }
+  while (size > 0) {
+    ssize_t written = ::write(descriptor, data, size);
+    if (written < 0) {
+      if (errno == EINTR) continue;
+      return errno;
+    }
+    if (written == 0) return EIO;
+    data += written;
+    size -= static_cast<size_t>(written);
+  }
+  return 0;
+}
+
+}  // namespace
+
+FileWriteOutcome write_file(const std::string& path, const std::vector<FileChunk>& chunks,
+                            bool sync) noexcept {
+  Fault fault = injected(FileStep::create);
+  if (fault == Fault::fail) return failed(FileStep::create, fault_error.load());
+  int descriptor;
+  do {
+    descriptor = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0666);
+  } while (descriptor < 0 && errno == EINTR);
+  if (descriptor < 0) return failed(FileStep::create, errno);
+  FileWriteOutcome outcome;
+  for (const FileChunk& chunk : chunks) {
+    int error = write_all(descriptor, static_cast<const unsigned char*>(chunk.data), chunk.size);
+    if (error != 0) {
+      outcome = failed(FileStep::write, error);
+      break;
+    }
+  }
+  if (outcome.error == 0 && sync && ::fsync(descriptor) != 0) {
+    outcome = failed(FileStep::sync, errno);
+  } else if (outcome.error == 0 && sync) {
+    log_sync(path);
+  }
+  if (outcome.error == 0) {
+    struct stat status {};
+    if (::fstat(descriptor, &status) != 0) {
+      outcome = failed(FileStep::status, errno);
+    } else {
+      outcome.size = static_cast<uint64_t>(status.st_size);
+      outcome.inode = static_cast<uint64_t>(status.st_ino);
+      outcome.mtime_ns = nanoseconds(status.st_mtim);
+      outcome.ctime_ns = nanoseconds(status.st_ctim);
+    }
+  }
+  // close(2) reports deferred write errors on some filesystems (NFS: EIO, EDQUOT, ENOSPC)
+  if (::close(descriptor) != 0 && outcome.error == 0 && errno != EINTR) {
+    outcome = failed(FileStep::write, errno);
+  }
+  return outcome;
+}
+
+FileWriteOutcome sync_file(const std::string& path) noexcept {
+  int descriptor;
+  do {
+    descriptor = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  } while (descriptor < 0 && errno == EINTR);
+  if (descriptor < 0) return failed(FileStep::open, errno);
+  FileWriteOutcome outcome;
+  if (::fsync(descriptor) != 0) outcome = failed(FileStep::sync, errno);
+  ::close(descriptor);
+  if (outcome.error == 0) log_sync(path);
+  return outcome;
+}
+
+FileWriter::FileWriter(int threads)
+    : max_threads_(threads < 0 ? 0 : threads), owner_pid_(static_cast<long>(::getpid())) {}
+
+FileWriter::~FileWriter() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopping_ = true;
+  }
+  if (static_cast<long>(::getpid()) != owner_pid_) {
+    // A forked child: the parent's workers do not exist here, and joining or destroying their
+    // handles would wait forever or terminate. Leave the handles (and their few bytes) alone.
+    new std::vector<std::thread>(std::move(workers_));
+    return;
+  }
+  work_ready_.notify_all();
+  for (std::thread& worker : workers_) worker.join();
+}
+
+FileWriteOutcome FileWriter::run(const Job& job) noexcept {
+  try {
+    return job.write ? write_file(job.path, job.chunks, job.sync) : sync_file(job.path);
+  } catch (...) {  // nothing above throws today; a future allocation might
+    return failed(job.write ? FileStep::create : FileStep::open, ENOMEM);
+  }
+}
+
+uint64_t FileWriter::submit_write(std::string path, std::vector<FileChunk> chunks, bool sync) {
+  return submit(Job{0, true, sync, std::move(path), std::move(chunks)});
+}
+
+uint64_t FileWriter::submit_sync(std::string path) {
+  return submit(Job{0, false, true, std::move(path), {}});
+}
+
+uint64_t FileWriter::submit(Job job) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  bool inline_only = static_cast<long>(::getpid()) != owner_pid_ || max_threads_ == 0;
+  if (!inline_only && idle_ == 0 && workers_.size() < static_cast<size_t>(max_threads_)) {
+    try {
+      if (failing_threads.load()) {
+        throw std::system_error(std::make_error_code(std::errc::resource_unavailable_try_again));
+      }
+      workers_.emplace_back([this] { run_worker(); });
+    } catch (const std::system_error&) {  // no thread could start: the workers we have, or none
+    }
+  }
+  uint64_t ticket = next_ticket_++;
+  job.ticket = ticket;
+  outcomes_.emplace(ticket, std::nullopt);  // allocated here, where a failure can be thrown
+  if (inline_only || workers_.empty()) {
+    lock.unlock();
+    FileWriteOutcome outcome = run(job);
+    lock.lock();
+    outcomes_.find(ticket)->second = outcome;
+    return ticket;
+  }
+  try {
+    queue_.push_back(std::move(job));
+  } catch (...) {
+    outcomes_.erase(ticket);
+    throw;
+  }
+  const bool wake = idle_ > 0;  // busy workers take the job when they finish theirs
+  lock.unlock();
+  if (wake) work_ready_.notify_one();
+  return ticket;
+}
+
+void FileWriter::run_worker() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  for (;;) {
+    ++idle_;
+    work_ready_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
+    --idle_;
+    if (queue_.empty()) return;  // stopping, and every job has run
+    Job job = std::move(queue_.front());
+    queue_.pop_front();
+    lock.unlock();
+    FileWriteOutcome outcome = run(job);
+    lock.lock();
+    outcomes_.find(job.ticket)->second = outcome;  // no allocation: a worker cannot fail here
+    job_done_.notify_all();
+  }
+}
+
+FileWriteOutcome FileWriter::wait(uint64_t ticket) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  if (outcomes_.find(ticket) == outcomes_.end()) {
+    throw std::invalid_argument("unknown or already waited-for ticket");
+  }
+  // found again after every wake-up: another submit may have rehashed the map meanwhile
+  auto found = outcomes_.find(ticket);
+  job_done_.wait(lock, [&] {
+    found = outcomes_.find(ticket);
+    return found->second.has_value();
+  });
+  FileWriteOutcome outcome = *found->second;
+  outcomes_.erase(found);
+  return outcome;
+}
+
+namespace file_writer_testing {
+void inject(FileStep step, int count, int error, bool pause) {
+  fault_countdown.store(0);
+  fault_error.store(error);
+  fault_pause.store(pause);
+  fault_step.store(count > 0 ? static_cast<int>(step) : 0);
+  fault_countdown.store(count > 0 ? count : 0);
+}
+void record_syncs(bool on) { recording_syncs.store(on); }
+void fail_thread_creation(bool fail) { failing_threads.store(fail); }
+std::vector<std::string> take_synced() {
+  std::lock_guard<std::mutex> lock(synced_mutex);
+  std::vector<std::string> taken;
+  taken.swap(synced_log);
+  return taken;
+}
+}  // namespace file_writer_testing
+
+}  // namespace tokenmill

@@ -1,0 +1,114 @@
+// Small files written in the background: the I/O half of tokenmill's cache writes.
+//
+// Not a kernel (kernels do no I/O): this is the one place in csrc that touches the filesystem,
+// and it knows nothing of Python either. Why it is C++: a cold build of a 1,000-source blend
+// writes 5,000 small files, and each Python-level open/write/close waits for the GIL while the
+// builder thread computes the next member's indices, so writes from Python threads ran slower
+// than writes in line. A worker here never needs the GIL: the files of one member are written
+// while the caller builds the next (benchmarks/bench_scale.py measures the cold build).
+//
+// A FileWriter owns a queue and up to `threads` worker threads (started on demand).
+//  * submit_write(path, chunks, sync): create `path` with O_CREAT | O_EXCL (mode 0666 minus the
+//    umask, applied by the kernel), write the chunks in order, fsync if `sync`, fstat, close.
+//    The caller keeps the chunks' bytes alive and unchanged until wait() returns for the ticket.
+//  * submit_sync(path): open `path` read-only, fsync, close (a commit's durability step for
+//    files written elsewhere). Many fsyncs in flight share the filesystem's journal commits, so
+//    a writer for synced files wants many threads.
+//  * wait(ticket): block until that job has run and return its outcome; each ticket is waited
+//    for once. Errors are returned, never thrown: errno and the step that failed.
+// Guarantees: jobs run in any order and concurrently (callers order what must be ordered:
+// renames happen after wait); a job's failure affects no other job; an exception inside a job
+// (std::bad_alloc) is its ENOMEM; if no worker thread can start, or in a forked child (where
+// the parent's workers do not exist), jobs run in the submitting thread; the destructor runs
+// every queued job and joins the workers. Idle workers sleep on a condition variable.
+#pragma once
+
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <optional>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+namespace tokenmill {
+
+// Which step of a job failed (FileWriteOutcome::step).
+enum class FileStep : int { none = 0, create = 1, write = 2, status = 3, open = 4, sync = 5 };
+
+struct FileWriteOutcome {
+  int error = 0;                 // errno of the failed step, 0 on success
+  FileStep step = FileStep::none;
+  // fstat of the written file (writes only): what survives the rename
+  uint64_t size = 0;
+  uint64_t inode = 0;
+  int64_t mtime_ns = 0;
+  int64_t ctime_ns = 0;
+};
+
+struct FileChunk {
+  const void* data;
+  size_t size;
+};
+
+class FileWriter {
+ public:
+  explicit FileWriter(int threads);
+  ~FileWriter();
+  FileWriter(const FileWriter&) = delete;
+  FileWriter& operator=(const FileWriter&) = delete;
+
+  uint64_t submit_write(std::string path, std::vector<FileChunk> chunks, bool sync);
+  uint64_t submit_sync(std::string path);
+  FileWriteOutcome wait(uint64_t ticket);
+
+ private:
+  struct Job {
+    uint64_t ticket;
+    bool write;  // false: only fsync an existing file
+    bool sync;
+    std::string path;
+    std::vector<FileChunk> chunks;
+  };
+  uint64_t submit(Job job);
+  void run_worker();
+  static FileWriteOutcome run(const Job& job) noexcept;
+
+  const int max_threads_;
+  const long owner_pid_;
+  std::mutex mutex_;
+  std::condition_variable work_ready_;
+  std::condition_variable job_done_;
+  std::deque<Job> queue_;
+  // every ticket submitted and not yet waited for: its outcome once the job has run
+  std::unordered_map<uint64_t, std::optional<FileWriteOutcome>> outcomes_;
+  std::vector<std::thread> workers_;
+  uint64_t next_ticket_ = 1;
+  size_t idle_ = 0;
+  bool stopping_ = false;
+};
+
+// The single steps, also what a worker runs (exposed for tests and serial callers).
+FileWriteOutcome write_file(const std::string& path, const std::vector<FileChunk>& chunks,
+                            bool sync) noexcept;
+FileWriteOutcome sync_file(const std::string& path) noexcept;
+
+namespace file_writer_testing {
+// Fault injection for tests (tokenmill._core._testing): the `count`-th write(2) (or create, for
+// step == create) from now fails with `error` (count <= 0 disables). With pause set instead of
+// an error, that write stores half its bytes, prints "PAUSED" to stdout and sleeps, for crash
+// tests that SIGKILL a process mid-file.
+void inject(FileStep step, int count, int error, bool pause);
+// While recording, every successful fsync appends its path to a log; take_synced() returns the
+// log and empties it.
+void record_syncs(bool on);
+// While set, starting a worker thread fails as if the system refused (std::system_error).
+void fail_thread_creation(bool fail);
+std::vector<std::string> take_synced();
+}  // namespace file_writer_testing
+
+}  // namespace tokenmill

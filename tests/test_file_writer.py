@@ -1,0 +1,173 @@
+"""The background file writer (csrc/file_writer.hpp, `tokenmill._core.FileWriter`): bytes, errors
+as values, tickets, buffer lifetimes, threads, fork; and the cold blend build that uses it."""
+
+from __future__ import annotations
+
+import errno
+import gc
+import multiprocessing
+import os
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tokenmill._core import FileWriter, _testing
+
+CREATE, WRITE, OPEN = 1, 2, 4
+
+
+@pytest.fixture(params=[0, 1, 4], ids=["in-line", "1-thread", "4-threads"])
+def writer(request: pytest.FixtureRequest) -> FileWriter:
+    return FileWriter(request.param)
+
+
+def test_writes_the_chunks_in_order_and_reports_the_files_status(
+    writer: FileWriter, tmp_path: Path
+) -> None:
+    array = np.arange(1000, dtype=np.int64).reshape(500, 2)
+    path = tmp_path / "file"
+    error, step, size, inode, mtime_ns, ctime_ns = writer.wait(
+        writer.submit_write(str(path), [b"head", memoryview(b"er"), array, b""])
+    )
+    assert (error, step) == (0, 0)
+    assert path.read_bytes() == b"header" + array.tobytes()
+    status = path.stat()
+    assert (size, inode, mtime_ns, ctime_ns) == (
+        status.st_size,
+        status.st_ino,
+        status.st_mtime_ns,
+        status.st_ctime_ns,
+    )
+
+
+def test_errors_are_outcomes_naming_the_step(writer: FileWriter, tmp_path: Path) -> None:
+    (tmp_path / "taken").write_bytes(b"old")
+    assert writer.wait(writer.submit_write(str(tmp_path / "taken"), [b"new"]))[:2] == (
+        errno.EEXIST,
+        CREATE,
+    )
+    assert (tmp_path / "taken").read_bytes() == b"old"  # O_EXCL: never overwritten
+    missing = str(tmp_path / "no" / "file")
+    assert writer.wait(writer.submit_write(missing, [b"x"]))[:2] == (errno.ENOENT, CREATE)
+    assert writer.sync_all([str(tmp_path / "taken"), missing]) == [(0, 0), (errno.ENOENT, OPEN)]
+    # write and fsync in one job; the fsync's failure is its own step
+    synced = writer.wait(writer.submit_write(str(tmp_path / "synced"), [b"abc"], True))
+    assert synced[:3] == (0, 0, 3) and (tmp_path / "synced").read_bytes() == b"abc"
+    _testing.inject_file_fault("write", 2, errno.ENOSPC)
+    try:
+        outcome = writer.wait(writer.submit_write(str(tmp_path / "full"), [b"a", b"b", b"c"]))
+    finally:
+        _testing.inject_file_fault("write", 0)
+    assert outcome[:2] == (errno.ENOSPC, WRITE)
+    assert (tmp_path / "full").read_bytes() == b"a"  # the caller removes what a failure left
+
+
+def test_bad_arguments_and_tickets(tmp_path: Path) -> None:
+    writer = FileWriter(2)
+    with pytest.raises(TypeError, match="buffer protocol, got int"):
+        writer.submit_write(str(tmp_path / "a"), [1])
+    with pytest.raises(ValueError, match="not C-contiguous"):
+        writer.submit_write(str(tmp_path / "a"), [np.arange(10)[::2]])
+    assert not (tmp_path / "a").exists()  # nothing was submitted
+    ticket = writer.submit_write(str(tmp_path / "b"), [b"x"])
+    writer.wait(ticket)
+    with pytest.raises(ValueError, match="already waited-for ticket"):
+        writer.wait(ticket)
+    with pytest.raises(ValueError, match="unknown"):
+        writer.wait(10**6)
+    with pytest.raises(ValueError, match="threads must be >= 0"):
+        FileWriter(-1)
+
+
+def test_the_writer_keeps_the_bytes_alive_until_waited_for(tmp_path: Path) -> None:
+    writer = FileWriter(1)
+    tickets = []
+    for number in range(200):
+        array = np.full(4096, number, dtype=np.int32)
+        tickets.append(writer.submit_write(str(tmp_path / f"f{number}"), [array]))
+        del array  # only the writer's view holds it now
+    gc.collect()
+    for number, ticket in enumerate(tickets):
+        assert writer.wait(ticket)[0] == 0
+        np.testing.assert_array_equal(
+            np.fromfile(tmp_path / f"f{number}", dtype=np.int32), np.full(4096, number)
+        )
+    # a writer dropped with jobs in flight finishes them first
+    late = FileWriter(2)
+    for number in range(50):
+        late.submit_write(str(tmp_path / f"late{number}"), [np.full(10, number, np.int16)])
+    del late
+    gc.collect()
+    assert all((tmp_path / f"late{n}").stat().st_size == 20 for n in range(50))
+
+
+def test_many_python_threads_share_one_writer(tmp_path: Path) -> None:
+    writer = FileWriter(3)
+    failures: list[str] = []
+
+    def work(number: int) -> None:
+        for index in range(100):
+            name = tmp_path / f"t{number}-{index}"
+            data = f"{number}-{index}".encode()
+            if writer.wait(writer.submit_write(str(name), [data]))[0] != 0:
+                failures.append(str(name))
+            elif name.read_bytes() != data:
+                failures.append(f"{name}: wrong bytes")
+
+    threads = [threading.Thread(target=work, args=(number,)) for number in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert failures == []
+    assert len(os.listdir(tmp_path)) == 600
+
+
+def test_no_thread_can_start_then_jobs_run_in_line(tmp_path: Path) -> None:
+    _testing.fail_file_writer_threads(True)
+    try:
+        writer = FileWriter(4)
+        assert writer.wait(writer.submit_write(str(tmp_path / "a"), [b"x"]))[0] == 0
+    finally:
+        _testing.fail_file_writer_threads(False)
+    assert (tmp_path / "a").read_bytes() == b"x"
+
+
+_FORKED: list[FileWriter] = []  # the parent's writer, inherited by a forked child
+
+
+def _write_in_child(path: str) -> int:
+    writer = _FORKED[0]
+    return writer.wait(writer.submit_write(path, [b"child"]))[0]
+
+
+def test_a_forked_child_writes_in_line(tmp_path: Path) -> None:
+    writer = FileWriter(2)
+    writer.wait(writer.submit_write(str(tmp_path / "parent"), [b"parent"]))  # workers started
+    _FORKED[:] = [writer]
+    try:
+        with multiprocessing.get_context("fork").Pool(1) as pool:
+            assert pool.apply(_write_in_child, (str(tmp_path / "child"),)) == 0
+    finally:
+        _FORKED.clear()
+    assert (tmp_path / "child").read_bytes() == b"child"
+    assert writer.wait(writer.submit_write(str(tmp_path / "again"), [b"x"]))[0] == 0
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    chunks=st.lists(st.binary(max_size=300), max_size=6),
+    threads=st.integers(0, 3),
+)
+def test_any_chunks_round_trip(
+    tmp_path_factory: pytest.TempPathFactory, chunks: list[bytes], threads: int
+) -> None:
+    directory = tmp_path_factory.mktemp("chunks")
+    writer = FileWriter(threads)
+    outcome = writer.wait(writer.submit_write(str(directory / "f"), list(chunks)))
+    assert outcome[0] == 0 and outcome[2] == sum(map(len, chunks))
+    assert (directory / "f").read_bytes() == b"".join(chunks)
