@@ -215,14 +215,18 @@ def test_a_batch_commits_every_entry_but_the_one_whose_file_could_not_be_written
     from tokenmill.index.cache import deferred_commits
 
     entries = [_entry(tmp_path, number) for number in range(6)]
+
     # the 7th write(2) of the background writer fails: some entry's file, written while the
     # batch goes on; that entry is left out, the others are committed, then the error is raised
+    def batch() -> None:
+        with deferred_commits():
+            for number, entry in enumerate(entries):
+                entry.save({"a": np.arange(number + 1), "b": np.zeros(3)})
+
     _testing.inject_file_fault("write", 7, errno.ENOSPC)
     try:
         with pytest.raises(ResourceLimitError, match="filesystem is full"):
-            with deferred_commits():
-                for number, entry in enumerate(entries):
-                    entry.save({"a": np.arange(number + 1), "b": np.zeros(3)})
+            batch()
     finally:
         _testing.inject_file_fault("write", 0)
     committed = [entry for entry in entries if entry.description_path.exists()]
@@ -339,6 +343,10 @@ def test_written_file_abort_and_errors(tmp_path: Path, monkeypatch: pytest.Monke
     stale.write_bytes(b"old")
     written = atomic.WrittenFile(tmp_path / "b.txt", (b"new",))
     assert written.temporary_path.endswith(".8.tmp")
+    assert stale.read_bytes() == b"old"
+    # ... and a background write aborted before it was waited for leaves that name alone too
+    monkeypatch.setattr(atomic, "_TEMPORARY_NUMBERS", itertools.count(7))
+    atomic.WrittenFile(tmp_path / "b.txt", (b"new",), background=True).abort()
     assert stale.read_bytes() == b"old"
 
     # a failed write (disk full) leaves nothing behind and reports the error, again on a second

@@ -355,8 +355,9 @@ class WrittenFile:
         """Remove the temporary file (the final path is left untouched)."""
         if self._ticket is not None:  # still being written: wait, then remove
             ticket, self._ticket = self._ticket, None
-            with contextlib.suppress(Exception):
-                _writer("write").wait(ticket)
+            error, step, *_ = _writer("write").wait(ticket)
+            if error and step == _CREATE:
+                self._done = True  # nothing was created (an existing name is someone else's)
         self._chunks = None
         with contextlib.suppress(OSError):
             self._wait_sync()  # before the file goes

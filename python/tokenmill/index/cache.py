@@ -515,13 +515,16 @@ class IndexCache:
                 "one copy per node): " + "; ".join(problems)
             )
         # Inside deferred_commits() an entry becomes visible only when the whole batch commits,
-        # so a lock held while building it could not spare another builder any work: skip it.
-        with contextlib.nullcontext() if batch_active() else self.locked():
-            # another writer may have built it while this process waited for the lock
-            arrays, problems = self.load(specs, check_description=not trust_presence)
-            if arrays is not None and not (checking and self.stale_reasons(data_prefixes)[0]):
-                record(False, False, ())
-                return arrays, False
+        # so a lock held while building it could not spare another builder any work: skip it,
+        # and the second look that only a wait for the lock makes worth taking.
+        batch = batch_active()
+        with contextlib.nullcontext() if batch else self.locked():
+            if not batch:
+                # another writer may have built it while this process waited for the lock
+                arrays, problems = self.load(specs, check_description=not trust_presence)
+                if arrays is not None and not (checking and self.stale_reasons(data_prefixes)[0]):
+                    record(False, False, ())
+                    return arrays, False
             built = self._build_and_save(
                 build, data_prefixes if checking else (), specs, check_values=not kernel_built
             )
