@@ -151,15 +151,16 @@ FileWriter::FileWriter(int threads)
     : max_threads_(threads < 0 ? 0 : threads), owner_pid_(static_cast<long>(::getpid())) {}
 
 FileWriter::~FileWriter() {
+  if (static_cast<long>(::getpid()) != owner_pid_) {
+    // A forked child: the parent's workers do not exist here, the mutex may have been held by
+    // one of them at the fork (locking it would wait forever), and joining or destroying their
+    // handles would wait forever or terminate. Leave the handles (a few bytes) alone.
+    new std::vector<std::thread>(std::move(workers_));
+    return;
+  }
   {
     std::lock_guard<std::mutex> lock(mutex_);
     stopping_ = true;
-  }
-  if (static_cast<long>(::getpid()) != owner_pid_) {
-    // A forked child: the parent's workers do not exist here, and joining or destroying their
-    // handles would wait forever or terminate. Leave the handles (and their few bytes) alone.
-    new std::vector<std::thread>(std::move(workers_));
-    return;
   }
   work_ready_.notify_all();
   for (std::thread& worker : workers_) worker.join();

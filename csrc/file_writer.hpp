@@ -20,7 +20,8 @@
 // renames happen after wait); a job's failure affects no other job; an exception inside a job
 // (std::bad_alloc) is its ENOMEM; if no worker thread can start, or in a forked child (where
 // the parent's workers do not exist), jobs run in the submitting thread; the destructor runs
-// every queued job and joins the workers. Idle workers sleep on a condition variable.
+// every queued job and joins the workers (in a forked child it touches neither the mutex nor
+// the parent's threads). Idle workers sleep on a condition variable.
 #pragma once
 
 #include <condition_variable>

@@ -158,6 +158,33 @@ def test_a_forked_child_writes_in_line(tmp_path: Path) -> None:
     assert writer.wait(writer.submit_write(str(tmp_path / "again"), [b"x"]))[0] == 0
 
 
+def _drop_the_parents_writer_then_commit(path: str) -> bytes:
+    from tokenmill.common import atomic
+
+    _FORKED.clear()  # the parent's writer is destroyed in the child: no wait for its threads
+    gc.collect()
+    atomic.WrittenFile(path, (b"from the child",)).commit()
+    return Path(path).read_bytes()
+
+
+def test_a_forked_child_drops_its_parents_writers_and_makes_its_own(tmp_path: Path) -> None:
+    from tokenmill.common import atomic
+
+    writer = FileWriter(4)
+    atomic.WrittenFile(tmp_path / "parent", (b"x",)).commit()  # the module's writers started
+    for number in range(64):  # the parent's workers busy at the fork
+        writer.submit_write(str(tmp_path / f"busy{number}"), [b"y" * 100_000])
+    _FORKED[:] = [writer]
+    try:
+        with multiprocessing.get_context("fork").Pool(1) as pool:
+            result = pool.apply_async(
+                _drop_the_parents_writer_then_commit, (str(tmp_path / "child"),)
+            )
+            assert result.get(timeout=60) == b"from the child"
+    finally:
+        _FORKED.clear()
+
+
 @settings(max_examples=30, deadline=None)
 @given(
     chunks=st.lists(st.binary(max_size=300), max_size=6),

@@ -191,6 +191,22 @@ _WRITERS_LOCK = threading.Lock()
 _CREATE, _OPEN, _FSYNC = 1, 4, 5
 
 
+# A forked child keeps its parent's writers alive and unused: their threads do not exist in
+# the child, and destroying them there must not wait for those threads.
+_INHERITED: list[object] = []
+
+
+def _forget_writers_in_child() -> None:
+    global _WRITERS_LOCK
+    _INHERITED.append(dict(_WRITERS))
+    _WRITERS.clear()
+    _WRITERS_LOCK = threading.Lock()  # a parent thread may have held it at the fork
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_writers_in_child)
+
+
 def _writer(kind: str) -> _core.FileWriter:
     """This process's writer of `kind` ("write" or "sync"); a forked child makes its own."""
     pid = os.getpid()
@@ -355,7 +371,10 @@ class WrittenFile:
         """Remove the temporary file (the final path is left untouched)."""
         if self._ticket is not None:  # still being written: wait, then remove
             ticket, self._ticket = self._ticket, None
-            error, step, *_ = _writer("write").wait(ticket)
+            try:
+                error, step, *_ = _writer("write").wait(ticket)
+            except ValueError:  # a forked child's copy of its parent's file: not the child's
+                error, step = errno.EEXIST, _CREATE
             if error and step == _CREATE:
                 self._done = True  # nothing was created (an existing name is someone else's)
         self._chunks = None

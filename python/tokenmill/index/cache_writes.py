@@ -6,10 +6,12 @@ temporary names and commits them with `tokenmill.common.atomic.commit_together`:
 fsynced and renamed first, the description after them, so a committed description always has
 whole arrays on disk, after a lost machine as after a killed process.
 
-:func:`deferred_commits` batches that commit across entries: a blend of 1,000 sources writes
-5,000 files, which fsynced one after the other took tens of seconds on a busy disk; in one
-parallel round they take a fraction of a second. The reading side, locks and the rules of a hit
-are `tokenmill.index.cache`; the protocol is docs/cache-protocol.md.
+:func:`deferred_commits` batches that commit across entries and overlaps the writing with the
+build: each entry's files are written by the C++ background writer (`_core.FileWriter`, no GIL)
+while the builder computes the next entry, and fsynced in the background once written. A blend
+of 1,000 sources writes 5,000 files, which fsynced one after the other took tens of seconds on
+a busy disk; the commit at the end is then mostly renames. The reading side, locks and the
+rules of a hit are `tokenmill.index.cache`; the protocol is docs/cache-protocol.md.
 """
 
 from __future__ import annotations
