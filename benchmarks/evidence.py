@@ -2,8 +2,8 @@
 
 Every figure a README or docs page quotes should link to the JSON its run wrote:
 ``benchmarks/results/<name>.json`` holds the machine (CPU model, cores this process may use,
-memory), the versions (Python, numpy, torch, tokenmill, megatron-core), the load average before
-and after the run, the command line and ``TOKENMILL_*`` environment, every individual run and the
+memory), the versions (Python, numpy, torch, tokenmill, megatron-core), the load average, the
+kernel's pressure stall figures and a Python-loop calibration before and after the run, the command line and ``TOKENMILL_*`` environment, every individual run and the
 summary printed (under ``recorded``: every printed line and the markdown tables among them).
 ``scripts/plot_benchmarks.py`` draws the docs' plots from these files.
 
@@ -29,6 +29,7 @@ import json
 import os
 import platform
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TextIO
@@ -76,6 +77,33 @@ def versions() -> dict[str, str | None]:
     }
 
 
+def pressure() -> dict[str, str]:
+    """Linux's pressure stall information (``/proc/pressure/{cpu,io,memory}``): how much of the
+    last 10, 60 and 300 s tasks waited for CPU, I/O or memory. A shared VM's busy disk or CPU
+    shows here when the load average does not. Empty where the kernel has none."""
+    found = {}
+    for resource in ("cpu", "io", "memory"):
+        with (
+            contextlib.suppress(OSError),
+            open(f"/proc/pressure/{resource}", encoding="ascii") as stream,
+        ):
+            found[resource] = " | ".join(line.strip() for line in stream)
+    return found
+
+
+def calibration() -> float:
+    """Seconds for a fixed pure-Python loop (10^6 additions), best of 3: how fast this machine
+    runs Python right now, to compare runs made on different days."""
+    best = float("inf")
+    for _ in range(3):
+        started = time.perf_counter()
+        total = 0
+        for number in range(1_000_000):
+            total += number
+        best = min(best, time.perf_counter() - started)
+    return best
+
+
 class Evidence:
     """Collects one benchmark run's context; :meth:`write` saves it with the results."""
 
@@ -83,6 +111,8 @@ class Evidence:
         self.name = name
         self.started = datetime.datetime.now(datetime.timezone.utc)
         self.load_before = os.getloadavg()
+        self.pressure_before = pressure()
+        self.calibration_before = calibration()
         # filled by a benchmark run under recorded(): each measurement, and the figures it quotes
         self.runs: list[Any] = []
         self.summary: dict[str, Any] = {}
@@ -100,6 +130,10 @@ class Evidence:
             "versions": versions(),
             "load_average_before": self.load_before,
             "load_average_after": os.getloadavg(),
+            "pressure_before": self.pressure_before,
+            "pressure_after": pressure(),
+            # seconds for 10^6 pure-Python additions (best of 3), before and after the run
+            "python_loop_seconds": [self.calibration_before, calibration()],
             **extra,
             "summary": summary,
             "runs": runs,

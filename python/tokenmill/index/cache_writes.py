@@ -130,7 +130,6 @@ class _Entry:
         }
         for file in self.arrays.values():
             file.start_sync()
-
         if self.fingerprint is not None:
             vouched = {**self.fingerprint, "arrays": written} if self.vouch else self.fingerprint
             self.data_files.append(
@@ -171,10 +170,12 @@ def write_entry(
     """Write an entry's arrays, data fingerprint (if any) and description under temporary
     names, then commit them (now, or when the enclosing :func:`deferred_commits` ends).
 
-    Inside :func:`deferred_commits` the arrays are written on a background thread
-    (`tokenmill._core.FileWriter`, without the GIL) while the caller builds the next entry, and
-    the fingerprint and description are written when the batch commits; the arrays must not
-    change meanwhile (the builder only reads them).
+    The files are written on background threads (`tokenmill._core.FileWriter`, without the
+    GIL). Outside a batch this returns once the entry is committed. Inside
+    :func:`deferred_commits` it returns at once: the arrays and description are written while the
+    caller builds the next entry, the fingerprint once the arrays are (when the next entry comes,
+    or at the commit), and `arrays` must not change until the batch ends (the builder only reads
+    them).
 
     `vouch`: every value of `arrays` is valid (checked, or built by tokenmill's own kernels);
     the fingerprint then records each array file's size, mtime and inode (a rename keeps all
