@@ -11,8 +11,9 @@ fresh process per library, interleaved, each time:
 
 Each run prints the time from the builder's construction to sample 0 (imports excluded), the
 peak resident memory (ru_maxrss), and the open file descriptors and memory maps after sample 0.
-Each cell is the fastest of --repeat runs (cold: a fresh directory each time; warm: the cache of
-the last cold run). Ratios are megatron time / tokenmill time. Runs over --timeout seconds are stopped and shown as
+Each cell is the fastest of --repeat runs, with their median beside it (cold: a fresh directory
+each time; warm: the cache of the last cold run); the libraries take turns within each repeat.
+Ratios are megatron time / tokenmill time. Runs over --timeout seconds are stopped and shown as
 "timeout"; a run that fails shows its error (e.g. megatron-core out of descriptors).
 --ulimit-sources lists the S run under `ulimit -n --low-fd-limit` (1024).
 
@@ -35,6 +36,7 @@ import os
 import re
 import resource
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -188,6 +190,14 @@ def best_of(results: list[dict[str, Any]]) -> dict[str, Any]:
     return min(results, key=lambda result: float(result["seconds"]))
 
 
+def summary(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """The fastest run (best_of), with the median time of all runs beside it."""
+    best = best_of(results)
+    if "error" in best:
+        return best
+    return {**best, "median_seconds": statistics.median(float(r["seconds"]) for r in results)}
+
+
 def syscalls(path: str) -> dict[str, int]:
     """Calls per system call name from an `strace -c` summary."""
     counts: dict[str, int] = {}
@@ -226,7 +236,7 @@ FS_CALLS = (
 
 
 def cell(result: dict[str, Any], key: str, form: str) -> str:
-    if "error" in result:
+    if "error" in result or key not in result:
         return "-"
     return format(result[key], form)
 
@@ -268,55 +278,55 @@ def main() -> None:
         fd_limit = args.low_fd_limit if count in args.ulimit_sources else None
         measured: dict[str, dict[str, dict[str, Any]]] = {}
         if count in args.sources:
+            caches = {library: str(root / f"cache{count}-{library}") for library in args.libraries}
+
+            def once(
+                library: str,
+                fresh: bool,
+                role: str = "builder",
+                listing: str = listing,
+                samples: int = samples,
+                fd_limit: int | None = fd_limit,
+                count: int = count,
+                caches: dict[str, str] = caches,
+            ) -> Any:
+                cache = caches[library]
+                if fresh:
+                    shutil.rmtree(cache, ignore_errors=True)
+                result = run(
+                    library, listing, cache, args.seq_length, samples, role, args.timeout,
+                    fd_limit,
+                )  # fmt: skip
+                every_run.append(
+                    {
+                        "sources": count,
+                        "library": library,
+                        "phase": "cold" if fresh else role,
+                        "fd_limit": fd_limit,
+                        **result,
+                    }
+                )
+                return result
+
+            # the libraries take turns within each repeat: a machine that slows down for a
+            # while (a shared VM, a disk flushing) slows both, not whichever ran then
+            phases = (("cold", True, "builder"), ("warm", False, "builder"),
+                      ("warm, not building", False, "reader"))  # fmt: skip
+            runs: dict[str, dict[str, list[dict[str, Any]]]] = {
+                library: {phase: [] for phase, _, _ in phases} for library in args.libraries
+            }
+            for phase, fresh, role in phases:
+                for _ in range(args.repeat):
+                    for library in args.libraries:
+                        if phase != "cold" and "error" in best_of(runs[library]["cold"]):
+                            continue
+                        runs[library][phase].append(once(library, fresh, role))
             for library in args.libraries:
-                cache = str(root / f"cache{count}-{library}")
-                shutil.rmtree(cache, ignore_errors=True)
-
-                def once(
-                    fresh: bool,
-                    role: str = "builder",
-                    library: str = library,
-                    cache: str = cache,
-                    listing: str = listing,
-                    samples: int = samples,
-                    fd_limit: int | None = fd_limit,
-                    count: int = count,
-                ) -> Any:
-                    if fresh:
-                        shutil.rmtree(cache, ignore_errors=True)
-                    result = run(
-                        library,
-                        listing,
-                        cache,
-                        args.seq_length,
-                        samples,
-                        role,
-                        args.timeout,
-                        fd_limit,
-                    )
-                    every_run.append(
-                        {
-                            "sources": count,
-                            "library": library,
-                            "phase": "cold" if fresh else role,
-                            "fd_limit": fd_limit,
-                            **result,
-                        }
-                    )
-                    return result
-
-                cold = best_of([once(True) for _ in range(args.repeat)])
-                warm = (
-                    best_of([once(False) for _ in range(args.repeat)])
-                    if "error" not in cold
+                measured[library] = {
+                    phase: summary(runs[library][phase]) if runs[library][phase]
                     else {"error": "no cold cache"}
-                )
-                reader = (
-                    best_of([once(False, "reader") for _ in range(args.repeat)])
-                    if "error" not in cold
-                    else {"error": "no cold cache"}
-                )
-                measured[library] = {"cold": cold, "warm": warm, "warm, not building": reader}
+                    for phase, _, _ in phases
+                }  # fmt: skip
                 for phase, result in measured[library].items():
                     print(f"S={count} {library} {phase}: {result}", flush=True)
             rows.append((count, per_source, samples, fd_limit, measured))
@@ -365,10 +375,11 @@ def main() -> None:
     )
     header = (
         "| S | docs/source | fd limit | phase | megatron s | tokenmill s | ratio | "
-        "RSS MB (meg / tm) | fds (meg / tm) | maps (meg / tm) |"
+        "medians (meg / tm) | ratio of medians | RSS MB (meg / tm) | fds (meg / tm) | "
+        "maps (meg / tm) |"
     )
     print(header)
-    print("|" + " --- |" * 10)
+    print("|" + " --- |" * 12)
     for count, per_source, _, fd_limit, measured in rows:
         for phase in ("cold", "warm", "warm, not building"):
             meg = measured.get("megatron", {}).get(phase, {"error": "not run"})
@@ -380,9 +391,16 @@ def main() -> None:
             )
             meg_s = meg.get("error", None) or f"{meg['seconds']:.2f}"
             tm_s = tm.get("error", None) or f"{tm['seconds']:.2f}"
+            medians = f"{cell(meg, 'median_seconds', '.2f')} / {cell(tm, 'median_seconds', '.2f')}"
+            median_ratio = (
+                f"{meg['median_seconds'] / tm['median_seconds']:.1f}x"
+                if "median_seconds" in meg and "median_seconds" in tm
+                else "-"
+            )
             print(
                 f"| {count:,} | {per_source:,} | {fd_limit or 'default'} | {phase} | {meg_s} | "
-                f"{tm_s} | {ratio} | {cell(meg, 'rss_mb', '.0f')} / {cell(tm, 'rss_mb', '.0f')} "
+                f"{tm_s} | {ratio} | {medians} | {median_ratio} | "
+                f"{cell(meg, 'rss_mb', '.0f')} / {cell(tm, 'rss_mb', '.0f')} "
                 f"| {cell(meg, 'fds', 'd')} / {cell(tm, 'fds', 'd')} | "
                 f"{cell(meg, 'maps', 'd')} / {cell(tm, 'maps', 'd')} |"
             )

@@ -147,6 +147,21 @@ FileWriteOutcome sync_file(const std::string& path) noexcept {
   return outcome;
 }
 
+int sync_filesystem(int descriptor, const std::string& label) noexcept {
+#if defined(__linux__)
+  if (::syncfs(descriptor) != 0) return errno;
+  try {
+    log_sync("filesystem:" + label);
+  } catch (...) {  // the log is for tests only
+  }
+  return 0;
+#else
+  (void)descriptor;
+  (void)label;
+  return ENOSYS;
+#endif
+}
+
 FileWriter::FileWriter(int threads)
     : max_threads_(threads < 0 ? 0 : threads), owner_pid_(static_cast<long>(::getpid())) {}
 

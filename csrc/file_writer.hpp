@@ -98,14 +98,21 @@ FileWriteOutcome write_file(const std::string& path, const std::vector<FileChunk
                             bool sync) noexcept;
 FileWriteOutcome sync_file(const std::string& path) noexcept;
 
+// Flush every file of the filesystem that holds the open `descriptor` (Linux syncfs(2)): the
+// durability step of a large batch, one call where a fsync per file would each wait for a
+// journal commit. Returns 0 or errno (ENOSYS where the system has no syncfs). From Linux 5.8 on,
+// it also reports a writeback error of that filesystem since `descriptor` was opened, so callers
+// open it before writing the files it must cover. `label` names it in the test log.
+int sync_filesystem(int descriptor, const std::string& label) noexcept;
+
 namespace file_writer_testing {
 // Fault injection for tests (tokenmill._core._testing): the `count`-th write(2) (or create, for
 // step == create) from now fails with `error` (count <= 0 disables). With pause set instead of
 // an error, that write stores half its bytes, prints "PAUSED" to stdout and sleeps, for crash
 // tests that SIGKILL a process mid-file.
 void inject(FileStep step, int count, int error, bool pause);
-// While recording, every successful fsync appends its path to a log; take_synced() returns the
-// log and empties it.
+// While recording, every successful fsync appends its path to a log, and every successful
+// sync_filesystem "filesystem:" and its label; take_synced() returns the log and empties it.
 void record_syncs(bool on);
 // While set, starting a worker thread fails as if the system refused (std::system_error).
 void fail_thread_creation(bool fail);

@@ -93,10 +93,10 @@ elif point == "third-array":
 elif point in ("description", "rebuild"):
     # arrays and data fingerprint renamed into place, the descriptions (commit points) not yet
     real_commit = writes_module.commit_together
-    def before_descriptions(files):
+    def before_descriptions(files, **options):
         if any(str(file.path).endswith("-description.txt") for file in files):
             pause()
-        real_commit(files)
+        real_commit(files, **options)
     writes_module.commit_together = before_descriptions
 if point == "rebuild":
     # the entry exists (built by the parent) but its data changed: killed while rebuilding it

@@ -23,8 +23,11 @@ from tokenmill.formats.megatron import IndexedDatasetBuilder
 
 
 def _take_background_syncs(calls: list[tuple[str, str]]) -> None:
-    """Append the fsyncs the background file writer made since the last call (its log)."""
-    calls.extend(("file", path) for path in _testing.take_file_syncs())
+    """Append the fsyncs (and syncfs calls: "filesystem") the background file writer made since
+    the last call (its log)."""
+    for logged in _testing.take_file_syncs():
+        kind, found, label = logged.partition("filesystem:")
+        calls.append(("filesystem", label) if found and not kind else ("file", logged))
 
 
 @pytest.fixture
@@ -272,6 +275,90 @@ def test_a_blend_build_fsyncs_in_rounds_not_per_file(
     first_description = next(i for i, (k, p) in enumerate(events) if p.endswith("description.txt"))
     member_files = [i for i, (k, p) in enumerate(events) if k == "file"][:48]
     assert max(member_files) < first_description
+
+
+def _batch_of(directory: Path, entries: int) -> list[Any]:
+    """`entries` entries saved in one deferred_commits batch (3 files each)."""
+    from tokenmill.index.cache import deferred_commits
+
+    saved = [_entry(directory, number) for number in range(entries)]
+    with deferred_commits():
+        for number, entry in enumerate(saved):
+            entry.save({"a": np.arange(number + 1), "b": np.zeros(3)})
+    return saved
+
+
+@pytest.fixture
+def small_whole_filesystem_batches(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(atomic, "WHOLE_FILESYSTEM_SYNC_FILES", 6)
+
+
+@pytest.mark.usefixtures("small_whole_filesystem_batches")
+def test_a_large_batch_syncs_its_filesystem_once_then_renames(
+    tmp_path: Path, events: list[tuple[str, str]]
+) -> None:
+    entries = _batch_of(tmp_path, 4)  # 12 files
+    kinds = [kind for kind, _ in events]
+    # one syncfs of the cache's filesystem (every file written by then), no fsync per file;
+    # then the data files renamed, the directory fsynced, the descriptions, the directory again
+    assert kinds == ["filesystem"] + ["rename"] * 8 + ["dir"] + ["rename"] * 4 + ["dir"]
+    assert events[0][1] == str(tmp_path)
+    assert all(path.endswith("-description.txt") for _, path in events[-5:-1])
+    for number, entry in enumerate(entries):
+        arrays, problems = entry.load()
+        assert problems == [] and arrays is not None
+        np.testing.assert_array_equal(arrays["a"], np.arange(number + 1))
+
+
+@pytest.mark.usefixtures("small_whole_filesystem_batches")
+def test_a_large_batch_fsyncs_each_file_when_much_else_is_dirty(
+    tmp_path: Path, events: list[tuple[str, str]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a syncfs would also write back a stranger's gigabytes: each file is fsynced instead
+    monkeypatch.setattr(atomic, "_dirty_bytes", lambda: 8 << 30)
+    _batch_of(tmp_path, 4)
+    kinds = [kind for kind, _ in events]
+    assert "filesystem" not in kinds
+    assert kinds == ["file"] * 8 + ["rename"] * 8 + ["dir"] + ["file"] * 4 + ["rename"] * 4 + [
+        "dir"
+    ]
+
+
+@pytest.mark.usefixtures("small_whole_filesystem_batches")
+def test_without_syncfs_a_large_batch_fsyncs_each_file(
+    tmp_path: Path, events: list[tuple[str, str]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(atomic._core, "sync_filesystem", lambda descriptor, label: errno.ENOSYS)
+    _batch_of(tmp_path, 4)
+    assert [kind for kind, _ in events].count("file") == 12
+    assert "filesystem" not in [kind for kind, _ in events]
+
+
+@pytest.mark.usefixtures("small_whole_filesystem_batches")
+def test_a_failed_syncfs_commits_nothing_and_names_the_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("TOKENMILL_FSYNC", raising=False)
+    monkeypatch.setattr(atomic._core, "sync_filesystem", lambda descriptor, label: errno.EIO)
+    with pytest.raises(OSError, match=rf"cannot sync the filesystem of {tmp_path}") as raised:
+        _batch_of(tmp_path, 4)
+    assert raised.value.errno == errno.EIO
+    # nothing renamed (the data may not be on disk), nothing left behind
+    assert os.listdir(tmp_path) == []
+
+
+def test_a_batch_holds_one_descriptor_per_directory_until_it_ends(tmp_path: Path) -> None:
+    from tokenmill.index import cache_writes
+    from tokenmill.index.cache import deferred_commits
+
+    before = len(os.listdir("/proc/self/fd"))
+    with deferred_commits():
+        for number in range(5):
+            _entry(tmp_path, number).save({"a": np.arange(2), "b": np.zeros(1)})
+        assert list(cache_writes._FILESYSTEMS) == [str(tmp_path)]
+        assert len(os.listdir("/proc/self/fd")) == before + 1
+    assert cache_writes._FILESYSTEMS == {}
+    assert len(os.listdir("/proc/self/fd")) == before
 
 
 def test_owner_tag_names_the_process_after_a_fork() -> None:

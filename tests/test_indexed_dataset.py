@@ -817,3 +817,47 @@ def test_a_bin_that_shrinks_before_its_first_read_is_an_error(shard: Path) -> No
     os.truncate(f"{shard}.bin", size - 4)
     with pytest.raises(DataFormatError, match=rf"shard\.bin: data file is {size - 4} bytes, but"):
         dataset[0]
+
+
+@pytest.mark.parametrize("documents", [50, 5000], ids=["small", "large"])
+def test_a_small_idx_is_read_and_a_large_one_mapped(tmp_path: Path, documents: int) -> None:
+    """An .idx of READ_BELOW bytes or less is read into memory (one pread, no map: a blend of
+    thousands of small sources would pay a map and its page faults for each); a larger one is
+    mapped. The arrays are the same read-only views either way."""
+    from tokenmill.common.mapping import READ_BELOW
+
+    rng = np.random.default_rng(documents)
+    sequences = [
+        rng.integers(0, 1000, int(n), dtype=np.int32) for n in rng.integers(1, 9, documents)
+    ]
+    prefix = tmp_path / "shard"
+    builder = IndexedDatasetBuilder(f"{prefix}.bin", dtype=np.int32)
+    for sequence in sequences:
+        builder.add_document(sequence, lengths=[len(sequence)])
+    builder.finalize(f"{prefix}.idx")
+    idx_path = os.path.realpath(f"{prefix}.idx")
+    small = os.path.getsize(idx_path) <= READ_BELOW
+    assert small == (documents == 50)
+    dataset = IndexedDataset(str(prefix))
+    assert _maps_of(idx_path) == (0 if small else 1)
+    lengths = dataset.index.sequence_lengths
+    assert not lengths.flags.writeable
+    np.testing.assert_array_equal(lengths, [len(sequence) for sequence in sequences])
+    for number in (0, documents // 2, documents - 1):
+        np.testing.assert_array_equal(dataset[number], sequences[number])
+
+
+def test_read_or_map_names_a_file_shorter_than_asked(tmp_path: Path) -> None:
+    from tokenmill.common.mapping import read_or_map
+
+    path = tmp_path / "short.idx"
+    path.write_bytes(b"x" * 100)
+    descriptor = os.open(path, os.O_RDONLY)
+    try:
+        assert bytes(read_or_map(descriptor, 100, str(path))) == b"x" * 100
+        with pytest.raises(OSError, match=r"short\.idx: file ended after 100 of 200 bytes"):
+            read_or_map(descriptor, 200, str(path))
+        with pytest.raises(ValueError, match="cannot map 0 bytes"):
+            read_or_map(descriptor, 0, str(path))
+    finally:
+        os.close(descriptor)

@@ -188,7 +188,15 @@ void inject_file_fault(const std::string& step, int count, int error, bool pause
 
 }  // namespace
 
+int sync_filesystem_of(int descriptor, const std::string& label) {
+  py::gil_scoped_release release;
+  return sync_filesystem(descriptor, label);
+}
+
 void register_io(py::module_& m, py::module_& testing) {
+  m.def("sync_filesystem", &sync_filesystem_of, "descriptor"_a, "label"_a,
+        "syncfs(2): flush the filesystem holding the open `descriptor`; 0 or errno (ENOSYS "
+        "without syncfs). `label` names it in the test log.");
   py::class_<PyFileWriter>(m, "FileWriter",
                            "Small files created, written, fstat-ed and closed on background "
                            "threads, and fsyncs (csrc/file_writer.hpp).")
@@ -211,7 +219,8 @@ void register_io(py::module_& m, py::module_& testing) {
               "`error`, or (pause) writes half its bytes, prints PAUSED and sleeps; count <= 0 "
               "disables.");
   testing.def("record_file_syncs", &file_writer_testing::record_syncs, "on"_a,
-              "While on, every successful fsync of the file writer logs its path.");
+              "While on, every successful fsync of the file writer logs its path, and every "
+              "sync_filesystem 'filesystem:' and its label.");
   testing.def("fail_file_writer_threads", &file_writer_testing::fail_thread_creation, "fail"_a,
               "While true, the file writer cannot start worker threads (jobs run in line).");
   testing.def("take_file_syncs", &file_writer_testing::take_synced,

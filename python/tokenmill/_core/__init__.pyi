@@ -60,6 +60,7 @@ def check_megatron_index_arrays(
     document_indices: npt.NDArray[np.int64],
     itemsize: int,
 ) -> tuple[int, int, int, int]: ...
+def sync_filesystem(descriptor: int, label: str) -> int: ...
 
 class FileWriter:
     """Small files created, written, fstat-ed and closed on background threads, and fsyncs."""

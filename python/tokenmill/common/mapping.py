@@ -25,7 +25,14 @@ from typing import Any
 
 from tokenmill.errors import ResourceLimitError
 
-__all__ = ["map_file", "map_readonly", "open_readonly", "resource_error"]
+__all__ = [
+    "READ_BELOW",
+    "map_file",
+    "map_readonly",
+    "open_readonly",
+    "read_or_map",
+    "resource_error",
+]
 
 _LIMITS = {
     errno.EMFILE: "too many open files in this process: raise the descriptor limit (ulimit -n)",
@@ -117,6 +124,39 @@ def map_readonly(descriptor: int, length: int, path: str = "") -> memoryview:
             raise limit from error
         raise
     return memoryview(buffer).cast("B").toreadonly()
+
+
+# Files up to this size are read into memory rather than mapped: the read is one system call,
+# where a map costs the mmap, a page fault per page touched and an munmap, and one of the
+# process's vm.max_map_count maps. A blend of thousands of small sources opens thousands of
+# such files (and a cold build touches every page of each).
+READ_BELOW = 1 << 16
+
+
+def read_or_map(descriptor: int, length: int, path: str = "") -> memoryview:
+    """The first `length` bytes of the open file `descriptor`, read-only: read into memory up
+    to READ_BELOW bytes, mapped above (:func:`map_readonly`). Either way the descriptor may be
+    closed when this returns.
+
+    Raises:
+        OSError: EIO naming the file if it is shorter than `length`; as map_readonly otherwise.
+        ResourceLimitError, ValueError: as map_readonly.
+    """
+    if length > READ_BELOW:
+        return map_readonly(descriptor, length, path)
+    if length <= 0:
+        raise ValueError(f"cannot map {length} bytes of {path or descriptor}")
+    buffer = bytearray(length)
+    view = memoryview(buffer)
+    done = 0
+    while done < length:
+        got = os.preadv(descriptor, [view[done:]], done)
+        if got == 0:
+            raise OSError(
+                errno.EIO, f"{path or descriptor}: file ended after {done} of {length} bytes"
+            )
+        done += got
+    return view.toreadonly()
 
 
 def open_readonly(path: str) -> int:

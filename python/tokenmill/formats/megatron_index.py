@@ -19,7 +19,7 @@ import struct
 import numpy
 import numpy.typing as npt
 
-from tokenmill.common.mapping import map_readonly, resource_error
+from tokenmill.common.mapping import read_or_map, resource_error
 from tokenmill.errors import DataFormatError
 
 __all__ = [
@@ -245,8 +245,8 @@ class _IndexReader:
                         f"sequences, {document_count} document boundaries) needs {expected}"
                         f"{'' if multimodal else f' (or {expected + trailer} with modes)'}"
                     )
-                # the map keeps no descriptor: the file is closed on leaving this block
-                self._mapping = map_readonly(stream.fileno(), file_size, idx_path)
+                # read (small) or mapped: no descriptor kept, the file is closed on leaving
+                self._mapping = read_or_map(stream.fileno(), file_size, idx_path)
         except FileNotFoundError:
             raise FileNotFoundError(errno.ENOENT, f"index file not found: {idx_path}") from None
         except OSError as error:

@@ -8,9 +8,10 @@ whole arrays on disk, after a lost machine as after a killed process.
 
 :func:`deferred_commits` batches that commit across entries and overlaps the writing with the
 build: each entry's files are written by the C++ background writer (`_core.FileWriter`, no GIL)
-while the builder computes the next entry, and fsynced in the background once written. A blend
-of 1,000 sources writes 5,000 files, which fsynced one after the other took tens of seconds on
-a busy disk; the commit at the end is then mostly renames. The reading side, locks and the
+while the builder computes the next entry, and the batch is made durable at its end by one
+syncfs of the cache's filesystem (`common.atomic.FilesystemSync`). A blend of 1,000 sources
+writes 5,000 files: fsynced one after the other they took tens of seconds on a busy disk, and
+even fsynced 16 at a time in the background they cost a third of the cold build. The reading side, locks and the
 rules of a hit are `tokenmill.index.cache`; the protocol is docs/cache-protocol.md.
 """
 
@@ -26,7 +27,12 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from tokenmill.common.atomic import WrittenFile, commit_together
+from tokenmill.common.atomic import (
+    FilesystemSync,
+    WrittenFile,
+    commit_together,
+    sync_filesystems,
+)
 from tokenmill.index import fingerprint as data_fingerprint
 
 __all__ = ["atomic_save_npy", "batch_active", "deferred_commits", "write_entry"]
@@ -36,6 +42,9 @@ __all__ = ["atomic_save_npy", "batch_active", "deferred_commits", "write_entry"]
 # constructs the members of a blend on a thread pool, and executor threads do not inherit the
 # caller's context.
 _DEFERRED: list[_Entry] | None = None
+# The directories the batch writes in, held open from before its first file there: the commit
+# makes the whole batch durable with one syncfs per filesystem (common.atomic.FilesystemSync).
+_FILESYSTEMS: dict[str, FilesystemSync] = {}
 _DEFERRED_LOCK = threading.Lock()
 
 
@@ -128,8 +137,6 @@ class _Entry:
         written = {
             name: data_fingerprint.array_status(file.finish()) for name, file in self.arrays.items()
         }
-        for file in self.arrays.values():
-            file.start_sync()
         if self.fingerprint is not None:
             vouched = {**self.fingerprint, "arrays": written} if self.vouch else self.fingerprint
             self.data_files.append(
@@ -140,11 +147,6 @@ class _Entry:
                     made_here=self.fingerprint_made_here,
                 )
             )
-
-    def start_syncs(self) -> None:
-        """Start fsyncing the fingerprint and description (written by now, see write_entry)."""
-        for file in (*self.data_files[len(self.arrays) :], self.committing):
-            file.start_sync()
 
     def finish(self) -> None:
         """Wait for every file (raises the first error)."""
@@ -183,6 +185,8 @@ def write_entry(
     (`fingerprint.vouches_for`). `fingerprint_made_here`: see IndexCache.save.
     """
     background = batch_active()
+    if background:
+        _hold_directory(description_path.parent)
     files: dict[str, WrittenFile] = {}
     try:
         for name, path in array_paths.items():
@@ -205,21 +209,27 @@ def write_entry(
         if batch is not None:
             batch.append(entry)
             # the previous entry's arrays were written while this one was built: its
-            # fingerprint starts now instead of at the commit, and the one before it has all its
-            # files written: their fsyncs start
-            earlier = batch[-3:-1]
-        else:
-            earlier = []
+            # fingerprint starts now instead of at the commit
+            previous = batch[-2] if len(batch) > 1 else None
     if batch is None:
         _commit_entries([entry])
         return
-    # an error here is raised when the batch commits (_Entry.finish)
-    if earlier:
-        with contextlib.suppress(Exception):
-            earlier[-1].seal()
-    if len(earlier) == 2:
-        with contextlib.suppress(Exception):
-            earlier[0].start_syncs()
+    if previous is not None:
+        with contextlib.suppress(Exception):  # raised when the batch commits (_Entry.finish)
+            previous.seal()
+
+
+def _hold_directory(directory: Path) -> None:
+    """Open `directory` for the batch's syncfs, before the batch writes its first file there."""
+    key = str(directory)
+    if key in _FILESYSTEMS:
+        return
+    held = FilesystemSync(directory)
+    with _DEFERRED_LOCK:
+        if _DEFERRED is None or key in _FILESYSTEMS:
+            held.close()
+        else:
+            _FILESYSTEMS[key] = held
 
 
 def batch_active() -> bool:
@@ -230,9 +240,10 @@ def batch_active() -> bool:
 @contextlib.contextmanager
 def deferred_commits() -> Iterator[None]:
     """Within the block, :func:`write_entry` writes each entry's files and every entry is
-    committed at the end, together: one parallel round of fsyncs for all files instead of
-    serial ones per entry. Every entry's data files are renamed before any description (the
-    commit point), and the directory is fsynced once per round.
+    committed at the end, together: one syncfs of the cache's filesystem (or, for fewer than
+    `common.atomic.WHOLE_FILESYSTEM_SYNC_FILES` files, one parallel round of fsyncs) instead of
+    fsyncs per entry. Every entry's data files are renamed before any description (the commit
+    point), and the directory is fsynced once per round.
 
     Entries written in the block are used from memory by this process and become visible to
     others when it ends: the builder wraps its whole batch in it, before its collective reports
@@ -252,11 +263,17 @@ def deferred_commits() -> Iterator[None]:
     finally:
         with _DEFERRED_LOCK:
             entries, _DEFERRED = _DEFERRED or [], None
-        if entries:
-            _commit_entries(entries)
+            filesystems = list(_FILESYSTEMS.values())
+            _FILESYSTEMS.clear()
+        try:
+            if entries:
+                _commit_entries(entries, filesystems)
+        finally:
+            for held in filesystems:
+                held.close()
 
 
-def _commit_entries(entries: Sequence[_Entry]) -> None:
+def _commit_entries(entries: Sequence[_Entry], filesystems: Sequence[FilesystemSync] = ()) -> None:
     """Data files of every entry, then every description; on failure nothing uncommitted is left
     behind (temporary files are removed). An entry whose files could not be written is left
     out, the others are committed, and the first error is raised after."""
@@ -274,8 +291,12 @@ def _commit_entries(entries: Sequence[_Entry]) -> None:
                 entry.abort()
             else:
                 complete.append(entry)
-        commit_together([file for entry in complete for file in entry.data_files])
-        commit_together([entry.committing for entry in complete])
+        data_files = [file for entry in complete for file in entry.data_files]
+        descriptions = [entry.committing for entry in complete]
+        # the descriptions are written by now: one syncfs covers them too
+        synced = sync_filesystems([*data_files, *descriptions], filesystems)
+        commit_together(data_files, synced=synced)
+        commit_together(descriptions, synced=synced)
     finally:
         for entry in entries:
             entry.abort()  # no-op after commit
