@@ -12,8 +12,11 @@ from __future__ import annotations
 
 import importlib.util
 import platform
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -23,6 +26,7 @@ from hypothesis import strategies as st
 
 from tokenmill import _core
 from tokenmill._core import _testing
+from tokenmill.index import blending
 from tokenmill.index.blending import (
     INT16_MAX_DATASETS,
     build_blending_indices,
@@ -702,3 +706,83 @@ def test_the_active_set_runs_on_the_best_instruction_set_the_cpu_has() -> None:
     assert _testing.active_set_isa("active") == expected
     assert _testing.active_set_isa("active-avx2") == ("avx2" if has_avx2 else "baseline")
     assert _testing.active_set_isa("active-baseline") == "baseline"
+
+
+# -- indices computed ahead (compute_ahead) --------------------------------------------------------
+
+
+@pytest.fixture
+def nothing_ahead() -> Iterator[None]:
+    blending.discard_ahead()
+    yield
+    blending.discard_ahead()
+
+
+@pytest.mark.usefixtures("nothing_ahead")
+def test_indices_computed_ahead_are_taken_once_by_the_same_inputs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    weights = np.random.default_rng(5).random(40)
+    weights /= weights.sum()
+    expected = blending_indices_reference(weights, 3000)
+    threads: list[str] = []
+    real = blending._greedy
+
+    def recording(vector: np.ndarray, count: int) -> Any:
+        threads.append(threading.current_thread().name)
+        return real(vector, count)
+
+    monkeypatch.setattr(blending, "_greedy", recording)
+    blending.compute_ahead(weights, 3000)
+    blending.compute_ahead(weights, 3000)  # already under way: not started twice
+    taken = build_blending_indices(weights, 3000)
+    assert threads == ["tokenmill-blending-ahead"]
+    np.testing.assert_array_equal(taken[0], expected[0])
+    np.testing.assert_array_equal(taken[1], expected[1])
+    # taken once: the next call computes in line, and so does one whose inputs differ in a bit
+    again = build_blending_indices(weights, 3000)
+    blending.compute_ahead(weights, 3000)
+    nudged = weights.copy()
+    nudged[0] = np.nextafter(nudged[0], 1.0)
+    build_blending_indices(nudged, 3000)
+    assert threads[1] == "MainThread" and threads[-1] == "MainThread"
+    np.testing.assert_array_equal(again[0], expected[0])
+    blending.discard_ahead()
+    assert blending._AHEAD == {}
+
+
+@pytest.mark.usefixtures("nothing_ahead")
+def test_bad_inputs_ahead_are_ignored_and_refused_by_the_real_call() -> None:
+    blending.compute_ahead([0.5, float("nan")], 10)
+    blending.compute_ahead([0.5, 0.5], -1)
+    blending.compute_ahead("weights", 10)
+    assert blending._AHEAD == {}
+    with pytest.raises(ValueError, match=r"weights\[1\] must be finite"):
+        build_blending_indices([0.5, float("nan")], 10)
+
+
+@pytest.mark.usefixtures("nothing_ahead")
+def test_an_error_computed_ahead_is_raised_by_the_call_that_takes_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def out_of_memory(vector: np.ndarray, count: int) -> Any:
+        raise MemoryError("the blending indices of 10 samples: out of memory")
+
+    monkeypatch.setattr(blending, "_greedy", out_of_memory)
+    blending.compute_ahead([0.5, 0.5], 10)
+    with pytest.raises(MemoryError, match="blending indices of 10 samples"):
+        build_blending_indices([0.5, 0.5], 10)
+
+
+@pytest.mark.usefixtures("nothing_ahead")
+def test_a_forked_child_never_waits_for_its_parents_computation() -> None:
+    import multiprocessing
+
+    blending.compute_ahead([0.25, 0.75], 50_000)
+    with multiprocessing.get_context("fork").Pool(1) as pool:
+        assert pool.apply(_ahead_in_child) == 0
+
+
+def _ahead_in_child() -> int:
+    build_blending_indices([0.25, 0.75], 50_000)  # computed here, in line
+    return len(blending._AHEAD)

@@ -458,3 +458,42 @@ def test_fast_startup_flags_are_ignored_while_building(tmp_path: Path) -> None:
     assert len(train) == SIZES[0] and len(valid) > 0
     assert train[5]["tokens"].shape == (31,)
     assert cache_files(tmp_path / "cache") == before
+
+
+def test_a_cold_blend_computes_its_indices_while_its_members_are_built(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import threading
+
+    import tokenmill.datasets.builder as builder_module
+    from tokenmill.index import blending
+
+    prefixes = make_shards(tmp_path)
+    threads: list[str] = []
+    real = blending._greedy
+
+    def recording(vector: np.ndarray, count: int) -> Any:
+        threads.append(threading.current_thread().name)
+        return real(vector, count)
+
+    monkeypatch.setattr(blending, "_greedy", recording)
+    values = {**fields(prefixes, tmp_path / "cache"), "blend": (prefixes, [0.5, 0.3, 0.2])}
+    config = GPTDatasetConfig(**values | {"tokenizer": TinyTokenizer()})
+
+    def samples() -> list[list[int]]:
+        datasets = BlendedMegatronDatasetBuilder(GPTDataset, SIZES, lambda: True, config).build()
+        return [[int(t) for t in d[n]["tokens"][:4]] for d in datasets for n in range(len(d))]
+
+    cold = samples()
+    # one greedy blend per split with a size, each computed ahead, none left behind
+    assert threads == ["tokenmill-blending-ahead"] * 3
+    assert blending._AHEAD == {}
+    threads.clear()
+    assert samples() == cold  # warm: loaded from the cache, nothing computed, ahead or not
+    assert threads == []
+    # the blends equal those computed in line (a cold build that computes nothing ahead)
+    monkeypatch.setattr(builder_module, "compute_ahead", lambda weights, size: None)
+    in_line = {"path_to_cache": str(tmp_path / "in-line"), "tokenizer": TinyTokenizer()}
+    config = GPTDatasetConfig(**values | in_line)
+    assert samples() == cold
+    assert threads == ["MainThread"] * 3

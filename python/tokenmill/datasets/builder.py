@@ -38,8 +38,9 @@ from tokenmill.datasets.utils import (
     split_bounds,
 )
 from tokenmill.errors import ResourceLimitError
+from tokenmill.index.blending import compute_ahead, discard_ahead
 from tokenmill.index.cache import trusting_builder
-from tokenmill.index.cache_writes import deferred_commits
+from tokenmill.index.cache_writes import batch_has_entries, deferred_commits
 from tokenmill.index.fingerprint import once_per_file
 
 __all__ = ["BlendedMegatronDatasetBuilder"]
@@ -305,8 +306,39 @@ class BlendedMegatronDatasetBuilder:
                 normalized, sizes, surplus=self.config.mid_level_dataset_surplus
             )
             per_dataset = [list(row) for row in buffered]
-        members = self._build_megatron_datasets_parallel(prefixes, split, per_dataset)
 
+        def blending_ahead() -> None:
+            # the members were not cached, so the blend (whose description holds theirs) most
+            # likely is not either: its greedy indices are computed on another core while the
+            # members are built
+            if self.config.defer_npy_index_mmap or self.config.fast_cache_load:
+                return
+            for i in range(len(Split)):
+                if split[i] is not None and normalized is not None and sizes[i] is not None:
+                    assert targets is not None
+                    # what BlendedDataset passes: it normalises the weights it is given
+                    compute_ahead(
+                        normalize(list(normalized)), _sum_or_zero([r[i] for r in targets])
+                    )
+
+        try:
+            members = self._build_megatron_datasets_parallel(
+                prefixes, split, per_dataset, blending_ahead
+            )
+            return self._blend_members(members, prefixes, normalized, targets, split, sizes)
+        finally:
+            discard_ahead()
+
+    def _blend_members(
+        self,
+        members: list[list[Any]],
+        prefixes: list[str],
+        normalized: list[float] | None,
+        targets: list[list[int]] | None,
+        split: SplitMatrix,
+        sizes: Sequence[int | None],
+    ) -> list[Any]:
+        """One BlendedDataset per split of the built members."""
         blended: list[Any] = [None] * len(Split)
         for i in range(len(Split)):
             if split[i] is None:
@@ -342,9 +374,11 @@ class BlendedMegatronDatasetBuilder:
         prefixes: list[str],
         split: SplitMatrix,
         sizes_per_dataset: list[list[int | None]],
+        on_cold_cache: Callable[[], None] | None = None,
     ) -> list[list[Any]]:
         """Mid-level datasets of every prefix, per split: in this thread, or on a pool of
-        `num_dataset_builder_threads` threads."""
+        `num_dataset_builder_threads` threads. `on_cold_cache` is called once, after the first
+        member, if building it wrote a cache entry."""
 
         def build_all(threads: int) -> list[list[Any]]:
             def build_one(number: int) -> list[Any]:
@@ -352,13 +386,21 @@ class BlendedMegatronDatasetBuilder:
                     prefixes[number], split, sizes_per_dataset[number], False
                 )
 
+            def after_each(results: Iterator[list[Any]]) -> list[list[Any]]:
+                built = []
+                for result in results:
+                    built.append(result)
+                    if len(built) == 1 and on_cold_cache is not None and batch_has_entries():
+                        on_cold_cache()
+                return built
+
             # every entry of the batch committed together: one round of fsyncs, not one per file
             with deferred_commits():
                 if threads == 1:  # here, not on a pool thread: no hand-over per source
-                    built = [build_one(number) for number in range(len(prefixes))]
+                    built = after_each(build_one(number) for number in range(len(prefixes)))
                 else:
                     with ThreadPoolExecutor(max_workers=threads) as executor:
-                        built = list(executor.map(build_one, range(len(prefixes))))
+                        built = after_each(executor.map(build_one, range(len(prefixes))))
             by_split: list[list[Any]] = [[] for _ in Split]
             for datasets in built:
                 for i, dataset in enumerate(datasets):

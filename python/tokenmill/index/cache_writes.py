@@ -35,7 +35,13 @@ from tokenmill.common.atomic import (
 )
 from tokenmill.index import fingerprint as data_fingerprint
 
-__all__ = ["atomic_save_npy", "batch_active", "deferred_commits", "write_entry"]
+__all__ = [
+    "atomic_save_npy",
+    "batch_active",
+    "batch_has_entries",
+    "deferred_commits",
+    "write_entry",
+]
 
 # The entries written inside deferred_commits(), committed together when it ends: per entry,
 # its data files and its description. Process-wide rather than a contextvar: the builder
@@ -230,6 +236,12 @@ def _hold_directory(directory: Path) -> None:
             held.close()
         else:
             _FILESYSTEMS[key] = held
+
+
+def batch_has_entries() -> bool:
+    """Whether the enclosing :func:`deferred_commits` batch has an entry to commit: a cache
+    entry was missing and has been built (the cache is cold)."""
+    return bool(_DEFERRED)
 
 
 def batch_active() -> bool:
