@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
@@ -197,38 +198,75 @@ uint64_t FileWriter::submit_sync(std::string path) {
   return submit(Job{0, false, true, std::move(path), {}});
 }
 
+std::vector<uint64_t> FileWriter::submit_writes(
+    std::vector<std::pair<std::string, std::vector<FileChunk>>> files, bool sync) {
+  std::vector<Job> jobs;
+  jobs.reserve(files.size());
+  for (auto& [path, chunks] : files) {
+    jobs.push_back(Job{0, true, sync, std::move(path), std::move(chunks)});
+  }
+  return submit_all(std::move(jobs));
+}
+
 uint64_t FileWriter::submit(Job job) {
+  std::vector<Job> jobs;
+  jobs.push_back(std::move(job));
+  return submit_all(std::move(jobs)).front();
+}
+
+std::vector<uint64_t> FileWriter::submit_all(std::vector<Job> jobs) {
+  std::vector<uint64_t> tickets;
+  tickets.reserve(jobs.size());  // allocated before anything is queued
   std::unique_lock<std::mutex> lock(mutex_);
   bool inline_only = static_cast<long>(::getpid()) != owner_pid_ || max_threads_ == 0;
-  if (!inline_only && idle_ == 0 && workers_.size() < static_cast<size_t>(max_threads_)) {
+  // a thread per job that no idle worker will take, up to the limit
+  size_t started = 0;
+  while (!inline_only && idle_ + started < jobs.size() &&
+         workers_.size() < static_cast<size_t>(max_threads_)) {
     try {
       if (failing_threads.load()) {
         throw std::system_error(std::make_error_code(std::errc::resource_unavailable_try_again));
       }
       workers_.emplace_back([this] { run_worker(); });
+      ++started;
     } catch (const std::system_error&) {  // no thread could start: the workers we have, or none
+      break;
     }
   }
-  uint64_t ticket = next_ticket_++;
-  job.ticket = ticket;
-  outcomes_.emplace(ticket, std::nullopt);  // allocated here, where a failure can be thrown
-  if (inline_only || workers_.empty()) {
-    lock.unlock();
-    FileWriteOutcome outcome = run(job);
-    lock.lock();
-    outcomes_.find(ticket)->second = outcome;
-    return ticket;
-  }
   try {
-    queue_.push_back(std::move(job));
+    for (Job& job : jobs) {
+      job.ticket = next_ticket_++;
+      outcomes_.emplace(job.ticket, std::nullopt);  // allocated here, where a failure can throw
+      tickets.push_back(job.ticket);
+    }
   } catch (...) {
-    outcomes_.erase(ticket);
+    for (uint64_t ticket : tickets) outcomes_.erase(ticket);
     throw;
   }
-  const bool wake = idle_ > 0;  // busy workers take the job when they finish theirs
+  if (inline_only || workers_.empty()) {
+    for (Job& job : jobs) {
+      lock.unlock();
+      FileWriteOutcome outcome = run(job);
+      lock.lock();
+      outcomes_.find(job.ticket)->second = outcome;
+    }
+    return tickets;
+  }
+  size_t queued = 0;
+  try {
+    for (Job& job : jobs) {
+      queue_.push_back(std::move(job));
+      ++queued;
+    }
+  } catch (...) {  // no worker took any of them: the lock is still held
+    for (; queued > 0; --queued) queue_.pop_back();
+    for (uint64_t ticket : tickets) outcomes_.erase(ticket);
+    throw;
+  }
+  const size_t wake = std::min(idle_, jobs.size());  // busy workers take the rest when free
   lock.unlock();
-  if (wake) work_ready_.notify_one();
-  return ticket;
+  for (size_t k = 0; k < wake; ++k) work_ready_.notify_one();
+  return tickets;
 }
 
 void FileWriter::run_worker() {

@@ -11,6 +11,7 @@
 //  * submit_write(path, chunks, sync): create `path` with O_CREAT | O_EXCL (mode 0666 minus the
 //    umask, applied by the kernel), write the chunks in order, fsync if `sync`, fstat, close.
 //    The caller keeps the chunks' bytes alive and unchanged until wait() returns for the ticket.
+//  * submit_writes(files, sync): the same for several files at once (one ticket each).
 //  * submit_sync(path): open `path` read-only, fsync, close (a commit's durability step for
 //    files written elsewhere). Many fsyncs in flight share the filesystem's journal commits, so
 //    a writer for synced files wants many threads.
@@ -64,6 +65,10 @@ class FileWriter {
   FileWriter& operator=(const FileWriter&) = delete;
 
   uint64_t submit_write(std::string path, std::vector<FileChunk> chunks, bool sync);
+  // Several writes submitted at once, one ticket each, in order: one lock and at most one
+  // wake-up per idle worker, where a submit per file wakes a sleeping worker per file.
+  std::vector<uint64_t> submit_writes(
+      std::vector<std::pair<std::string, std::vector<FileChunk>>> files, bool sync);
   uint64_t submit_sync(std::string path);
   FileWriteOutcome wait(uint64_t ticket);
 
@@ -76,6 +81,7 @@ class FileWriter {
     std::vector<FileChunk> chunks;
   };
   uint64_t submit(Job job);
+  std::vector<uint64_t> submit_all(std::vector<Job> jobs);
   void run_worker();
   static FileWriteOutcome run(const Job& job) noexcept;
 

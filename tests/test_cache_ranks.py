@@ -111,18 +111,19 @@ def _rank_main(job: dict[str, Any], rank: int) -> None:
     elif job["lock"] == "node_local":
         fcntl.flock = lambda descriptor, operation: None  # type: ignore[assignment]
     builder = distributed.local_rank() == 0 if job["scope"] == "node" else rank == 0
-    real_save = writes_module._npy_writer
+    real_save = writes_module._npy_chunks
     saves = [0]
     kill_at = job["kill_at"] if builder and rank in job["kill_ranks"] else None
 
-    def slow_save(path: Path, array: np.ndarray, *args: Any) -> Any:
+    def slow_save(path: Path, array: np.ndarray) -> Any:
+        # each array of an entry, before the entry's files are handed to the writer together
         time.sleep(rng.random() * 0.02)  # widen the windows in which builders interleave
         saves[0] += 1
         if kill_at is not None and saves[0] == kill_at:
             os.kill(os.getpid(), signal.SIGKILL)
-        return real_save(path, array, *args)
+        return real_save(path, array)
 
-    writes_module._npy_writer = slow_save
+    writes_module._npy_chunks = slow_save
     if job.get("fail") and builder:
 
         def broken(*args: Any, **kwargs: Any) -> Any:

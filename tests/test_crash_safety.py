@@ -82,14 +82,16 @@ if point == "mid-array":
     from tokenmill._core import _testing
     _testing.inject_file_fault("write", 2, pause=True)
 elif point == "third-array":
-    real = writes_module._npy_writer
+    # killed while the third array's bytes are being prepared: an entry's files are handed to
+    # the writer together, so none of that entry's files exists yet
+    real = writes_module._npy_chunks
     calls = []
-    def third(path, array, *args):
+    def third(path, array):
         calls.append(path)
         if len(calls) == 3:
             pause()
-        return real(path, array, *args)
-    writes_module._npy_writer = third
+        return real(path, array)
+    writes_module._npy_chunks = third
 elif point in ("description", "rebuild"):
     # arrays and data fingerprint renamed into place, the descriptions (commit points) not yet
     real_commit = writes_module.commit_together

@@ -241,6 +241,39 @@ def test_a_batch_commits_every_entry_but_the_one_whose_file_could_not_be_written
     assert not [name for name in os.listdir(tmp_path) if name.endswith(".tmp")]
 
 
+def test_an_entry_whose_fingerprint_cannot_be_written_is_left_out_of_the_batch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tokenmill.index.cache import deferred_commits
+
+    # an entry's fingerprint is handed to the writer with the next entry's files: when that
+    # hand-over fails, the entry is not committed without its fingerprint
+    entries = [_entry(tmp_path, number) for number in range(3)]
+    real = atomic.WrittenFile.together.__func__  # type: ignore[attr-defined]
+    calls = [0]
+
+    def failing_second(cls: type, files: Any) -> Any:
+        calls[0] += 1
+        if calls[0] == 2:
+            raise MemoryError("no memory for the writer's queue")
+        return real(cls, files)
+
+    monkeypatch.setattr(atomic.WrittenFile, "together", classmethod(failing_second))
+    fingerprint = {"format": "tokenmill.data-fingerprint", "version": 1, "datasets": {}}
+
+    def batch() -> None:
+        with deferred_commits():
+            for number, entry in enumerate(entries):
+                arrays = {"a": np.arange(number + 1), "b": np.zeros(3)}
+                entry.save(arrays, fingerprint, fingerprint_made_here=True)
+
+    with pytest.raises(MemoryError, match="writer's queue"):
+        batch()
+    # the first entry's fingerprint went with the second's files: neither is committed
+    assert not any(entry.description_path.exists() for entry in entries)
+    assert not [name for name in os.listdir(tmp_path) if name.endswith(".tmp")]
+
+
 def test_a_blend_build_fsyncs_in_rounds_not_per_file(
     tmp_path: Path, events: list[tuple[str, str]]
 ) -> None:

@@ -63,60 +63,33 @@ class PyFileWriter {
   }
 
   uint64_t submit_write(const std::string& path, const py::list& chunks, bool sync) {
-    PendingJob job;
-    std::vector<FileChunk> spans;
-    job.buffers.reserve(chunks.size());
-    spans.reserve(chunks.size());
-    for (const py::handle& chunk : chunks) {
-      if (!PyObject_CheckBuffer(chunk.ptr())) {
-        throw py::type_error("chunks must support the buffer protocol, got " +
-                             std::string(py::str(py::type::of(chunk).attr("__name__"))));
-      }
-      job.buffers.push_back(std::make_unique<HeldBuffer>(chunk));
-      spans.push_back(job.buffers.back()->chunk());
+    std::vector<PendingJob> pending(1);
+    std::vector<std::pair<std::string, std::vector<FileChunk>>> files;
+    files.emplace_back(path, hold(chunks, pending.front()));
+    return submit(std::move(pending), [&] { return writer_->submit_writes(std::move(files), sync); })
+        .front();
+  }
+
+  // several files at once, one ticket each: (path, chunks) pairs
+  std::vector<uint64_t> submit_writes(const py::list& files, bool sync) {
+    std::vector<PendingJob> pending(files.size());
+    std::vector<std::pair<std::string, std::vector<FileChunk>>> jobs;
+    jobs.reserve(files.size());
+    size_t number = 0;
+    for (const py::handle& file : files) {
+      auto pair = file.cast<py::tuple>();
+      if (pair.size() != 2) throw py::value_error("files must be (path, chunks) pairs");
+      jobs.emplace_back(pair[0].cast<std::string>(),
+                        hold(pair[1].cast<py::list>(), pending[number++]));
     }
-    // the views are stored before the job can start, so nothing can free them under a worker
-    uint64_t key;
-    PendingJob* stored;
-    {
-      std::lock_guard<std::mutex> lock(jobs_mutex_);
-      key = next_key_++;
-      stored = &jobs_.emplace(key, std::move(job)).first->second;
-    }
-    uint64_t ticket;
-    try {
-      py::gil_scoped_release release;  // may run the job in line (no worker could start)
-      ticket = writer_->submit_write(path, std::move(spans), sync);
-    } catch (...) {
-      std::lock_guard<std::mutex> lock(jobs_mutex_);
-      jobs_.erase(key);
-      throw;
-    }
-    std::lock_guard<std::mutex> lock(jobs_mutex_);
-    stored->ticket = ticket;  // unordered_map values never move
-    return key;
+    return submit(std::move(pending), [&] { return writer_->submit_writes(std::move(jobs), sync); });
   }
 
   uint64_t submit_sync(const std::string& path) {
-    uint64_t key;
-    PendingJob* stored;
-    {
-      std::lock_guard<std::mutex> lock(jobs_mutex_);
-      key = next_key_++;
-      stored = &jobs_.emplace(key, PendingJob{}).first->second;
-    }
-    uint64_t ticket;
-    try {
-      py::gil_scoped_release release;  // may run the job in line (no worker could start)
-      ticket = writer_->submit_sync(path);
-    } catch (...) {
-      std::lock_guard<std::mutex> lock(jobs_mutex_);
-      jobs_.erase(key);
-      throw;
-    }
-    std::lock_guard<std::mutex> lock(jobs_mutex_);
-    stored->ticket = ticket;
-    return key;
+    return submit(std::vector<PendingJob>(1), [&] {
+             return std::vector<uint64_t>{writer_->submit_sync(path)};
+           })
+        .front();
   }
 
   // fsync every path, all in flight at once; (errno, failed step) per path
@@ -168,6 +141,52 @@ class PyFileWriter {
   }
 
  private:
+  // A buffer view of every chunk, held by `job`; the spans the writer reads.
+  static std::vector<FileChunk> hold(const py::list& chunks, PendingJob& job) {
+    std::vector<FileChunk> spans;
+    job.buffers.reserve(chunks.size());
+    spans.reserve(chunks.size());
+    for (const py::handle& chunk : chunks) {
+      if (!PyObject_CheckBuffer(chunk.ptr())) {
+        throw py::type_error("chunks must support the buffer protocol, got " +
+                             std::string(py::str(py::type::of(chunk).attr("__name__"))));
+      }
+      job.buffers.push_back(std::make_unique<HeldBuffer>(chunk));
+      spans.push_back(job.buffers.back()->chunk());
+    }
+    return spans;
+  }
+
+  // Store the jobs' views under new keys before the jobs can start (so nothing frees them
+  // under a worker), submit with the GIL released (a job may run in line), attach the tickets;
+  // returns the keys. On failure the keys are erased.
+  template <typename Submit>
+  std::vector<uint64_t> submit(std::vector<PendingJob> jobs, Submit&& submit_to_writer) {
+    std::vector<uint64_t> keys;
+    std::vector<PendingJob*> stored;
+    keys.reserve(jobs.size());
+    stored.reserve(jobs.size());
+    {
+      std::lock_guard<std::mutex> lock(jobs_mutex_);
+      for (PendingJob& job : jobs) {
+        keys.push_back(next_key_++);
+        stored.push_back(&jobs_.emplace(keys.back(), std::move(job)).first->second);
+      }
+    }
+    std::vector<uint64_t> tickets;
+    try {
+      py::gil_scoped_release release;
+      tickets = submit_to_writer();
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(jobs_mutex_);
+      for (uint64_t key : keys) jobs_.erase(key);
+      throw;
+    }
+    std::lock_guard<std::mutex> lock(jobs_mutex_);
+    for (size_t k = 0; k < stored.size(); ++k) stored[k]->ticket = tickets[k];  // values never move
+    return keys;
+  }
+
   std::unique_ptr<FileWriter> writer_;
   std::mutex jobs_mutex_;
   uint64_t next_key_ = 1;
@@ -205,6 +224,9 @@ void register_io(py::module_& m, py::module_& testing) {
       .def("submit_write", &PyFileWriter::submit_write, "path"_a, "chunks"_a, "sync"_a = false,
            "Create `path` (O_EXCL), write the chunks (buffers, kept alive until wait) and, with "
            "`sync`, fsync it; returns a ticket.")
+      .def("submit_writes", &PyFileWriter::submit_writes, "files"_a, "sync"_a = false,
+           "submit_write for several (path, chunks) pairs at once (one lock, one wake-up); "
+           "a ticket per file, in order.")
       .def("submit_sync", &PyFileWriter::submit_sync, "path"_a,
            "fsync an existing `path` (open, fsync, close); returns a ticket.")
       .def("sync_all", &PyFileWriter::sync_all, "paths"_a,

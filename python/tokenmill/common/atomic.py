@@ -266,21 +266,49 @@ class WrittenFile:
     def __init__(
         self, path: str | os.PathLike[str], chunks: Iterable[object], *, background: bool = False
     ) -> None:
+        self._prepare(path, chunks)
+        self._start()
+        if not background:
+            self.finish()
+
+    @classmethod
+    def together(
+        cls, files: Iterable[tuple[str | os.PathLike[str], Iterable[object]]]
+    ) -> list[WrittenFile]:
+        """Background files (as ``WrittenFile(path, chunks, background=True)``) for (path,
+        chunks) pairs, handed to the writer in one call: one lock and at most one wake-up of a
+        sleeping writer thread, where each file alone costs a wake-up (about 10 us on a VM; a
+        cold build of a 1,000-source blend writes 5,000 files)."""
+        made = []
+        for path, chunks in files:
+            file = cls.__new__(cls)
+            file._prepare(path, chunks)
+            file._name()
+            made.append(file)
+        tickets = _writer("write").submit_writes(
+            [(file.temporary_path, file._chunks or []) for file in made]
+        )
+        for file, ticket in zip(made, tickets):
+            file._ticket = ticket
+            file._done = False
+        return made
+
+    def _prepare(self, path: str | os.PathLike[str], chunks: Iterable[object]) -> None:
         self.path = os.fspath(path)
         self._done = True  # nothing to remove until the temporary file exists
         self._ticket: int | None = None
         self._status: FileStatus | None = None
         self._error: OSError | None = None
         self._chunks: list[object] | None = list(chunks)
-        self._start()
-        if not background:
-            self.finish()
 
-    def _start(self) -> None:
+    def _name(self) -> None:
         directory, name = os.path.split(self.path)
         self.temporary_path = os.path.join(
             directory, f".{name}.{owner_tag()}.{next(_TEMPORARY_NUMBERS)}.tmp"
         )
+
+    def _start(self) -> None:
+        self._name()
         self._ticket = _writer("write").submit_write(self.temporary_path, self._chunks or [])
         self._done = False
 

@@ -63,6 +63,7 @@ from tokenmill.index import fingerprint as data_fingerprint
 from tokenmill.index.cache_writes import (
     atomic_save_npy,
     batch_active,
+    batch_holds,
     deferred_commits,
     write_entry,
 )
@@ -314,18 +315,31 @@ class IndexCache:
         Raises:
             ResourceLimitError: out of descriptors or memory maps (the files may be valid).
         """
+        arrays, problems, _ = self._load(specs, check_description, check_values, statuses)
+        return arrays, problems
+
+    def _load(
+        self,
+        specs: Mapping[str, ArraySpec] | None,
+        check_description: bool,
+        check_values: bool,
+        statuses: dict[str, dict[str, int]] | None,
+    ) -> tuple[dict[str, npt.NDArray[Any]] | None, list[str], bool | None]:
+        """load(), and whether the description exists (None: not looked at)."""
         problems: list[str] = []
+        described: bool | None = None
         if check_description:
             try:
                 found = _read_prefix(
                     self._file("description.txt"), len(self.description.encode()) + 1
                 )
+                described = True
                 if found != self.description:
                     problems.append(f"{self.description_path}: description differs from config")
             except FileNotFoundError:
                 # not committed (or never written): the arrays cannot make it a hit, and a cold
                 # start should not pay three more failing opens per entry to say so
-                return None, [f"{self.description_path}: missing"]
+                return None, [f"{self.description_path}: missing"], False
             except OSError as error:
                 limit = resource_error(error, str(self.description_path))
                 if limit is not None:
@@ -357,7 +371,7 @@ class IndexCache:
             arrays[name] = array
         if not problems and specs and (check_values or _SESSION is not None):
             problems = self._value_problems(arrays, specs, full=_SESSION is not None)
-        return (None, problems) if problems else (arrays, [])
+        return (None, problems, described) if problems else (arrays, [], described)
 
     def _shape_problems(
         self, arrays: Mapping[str, npt.NDArray[Any]], specs: Mapping[str, ArraySpec]
@@ -407,13 +421,14 @@ class IndexCache:
         files skip the value checks. `fingerprint_made_here`: `fingerprint` comes from
         `fingerprint.fingerprint_prefixes` (its structure is not checked again).
         """
-        self.directory.mkdir(parents=True, exist_ok=True)
+        if not batch_holds(self.directory):  # a batch's later entries: made by its first
+            self.directory.mkdir(parents=True, exist_ok=True)
         write_entry(
-            {name: self.array_path(name) for name in self.array_names},
+            {name: self._file(f"{name}.npy") for name in self.array_names},
             arrays,
-            self.fingerprint_path,
+            self._file(data_fingerprint.FINGERPRINT_SUFFIX),
             fingerprint,
-            self.description_path,
+            self._file("description.txt"),
             self.description,
             vouch,
             fingerprint_made_here,
@@ -478,7 +493,7 @@ class IndexCache:
         # always checks them.
         later = checking and bool(specs) and session is None
         statuses: dict[str, dict[str, int]] | None = {} if later else None
-        arrays, problems = self.load(
+        arrays, problems, described = self._load(
             specs,
             check_description=not trust_presence,
             check_values=not trusted and not later,
@@ -487,7 +502,9 @@ class IndexCache:
         # An existing entry is checked against the data even when its arrays no longer fit the
         # config (new data usually changes their shapes): "error" must never rebuild silently.
         recorded: dict[str, Any] = {}
-        if checking and os.path.isfile(self._file("description.txt")):
+        if described is None and checking:
+            described = os.path.isfile(self._file("description.txt"))
+        if checking and described:
             arrays, problems = self._check_data(
                 arrays, problems, data_prefixes, data_check, may_build, check_only, recorded
             )
@@ -568,6 +585,7 @@ class IndexCache:
             arrays is not None
             and may_build
             and not check_only
+            and not recorded_out  # a valid sidecar was read: there is one
             and not self.fingerprint_path.is_file()
         ):
             # adopt an entry megatron-core (or an older tokenmill) wrote over this data;

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import os
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
@@ -39,6 +40,7 @@ __all__ = [
     "atomic_save_npy",
     "batch_active",
     "batch_has_entries",
+    "batch_holds",
     "deferred_commits",
     "write_entry",
 ]
@@ -92,13 +94,22 @@ def npy_header(array: npt.NDArray[Any]) -> bytes:
     return header[:start] + shape + header[start + len(shape) :]
 
 
-def _npy_writer(path: Path, array: npt.NDArray[Any], background: bool = False) -> WrittenFile:
-    """`array` written as ``numpy.save`` writes it (the same bytes, megatron-core's format),
-    under the temporary name of `path`, for the caller to commit."""
+def _npy_chunks(
+    path: str | os.PathLike[str], array: npt.NDArray[Any]
+) -> tuple[bytes, npt.NDArray[Any]]:
+    """The bytes ``numpy.save`` writes for `array` (megatron-core's format): header, data."""
     array = np.ascontiguousarray(array)
     if array.dtype.hasobject:
         raise ValueError(f"{path}: cannot cache an array of Python objects ({array.dtype})")
-    return WrittenFile(path, (npy_header(array), array), background=background)
+    return npy_header(array), array
+
+
+def _npy_writer(
+    path: str | os.PathLike[str], array: npt.NDArray[Any], background: bool = False
+) -> WrittenFile:
+    """`array` written as ``numpy.save`` writes it (the same bytes, megatron-core's format),
+    under the temporary name of `path`, for the caller to commit."""
+    return WrittenFile(path, _npy_chunks(path, array), background=background)
 
 
 def atomic_save_npy(path: Path, array: npt.NDArray[Any]) -> None:
@@ -114,10 +125,9 @@ class _Entry:
     def __init__(
         self,
         arrays: Mapping[str, WrittenFile],
-        fingerprint_path: Path,
+        fingerprint_path: str | os.PathLike[str],
         fingerprint: Mapping[str, Any] | None,
-        description_path: Path,
-        description: str,
+        description: WrittenFile,
         vouch: bool,
         fingerprint_made_here: bool,
     ) -> None:
@@ -127,38 +137,52 @@ class _Entry:
         self.fingerprint = fingerprint
         self.vouch = vouch
         self.data_files: list[WrittenFile] = list(arrays.values())
-        self.committing = WrittenFile(
-            description_path, (description.encode("utf-8"),), background=True
-        )
+        self.committing = description
         self.sealed = False
+        self._sealing = threading.Lock()  # builder threads may seal the same entry
+        self._failure: BaseException | None = None
 
     def files(self) -> list[WrittenFile]:
         return [*self.data_files, self.committing]
 
     def seal(self) -> None:
         """Wait for the arrays; start the data fingerprint (background)."""
-        if self.sealed:
-            return
-        self.sealed = True
+        contents = self.fingerprint_contents()
+        if contents is not None:
+            self.add_fingerprint(WrittenFile.together([contents])[0])
+
+    def fingerprint_contents(self) -> tuple[str | os.PathLike[str], tuple[bytes]] | None:
+        """Wait for the arrays; the data fingerprint's path and bytes, for the caller to write
+        and hand to :meth:`add_fingerprint` (None: no fingerprint, or sealed already)."""
+        with self._sealing:
+            if self.sealed:
+                return None
+            self.sealed = True
         written = {
             name: data_fingerprint.array_status(file.finish()) for name, file in self.arrays.items()
         }
-        if self.fingerprint is not None:
-            vouched = {**self.fingerprint, "arrays": written} if self.vouch else self.fingerprint
-            self.data_files.append(
-                data_fingerprint.fingerprint_writer(
-                    self.fingerprint_path,
-                    vouched,
-                    background=True,
-                    made_here=self.fingerprint_made_here,
-                )
-            )
+        if self.fingerprint is None:
+            return None
+        vouched = {**self.fingerprint, "arrays": written} if self.vouch else self.fingerprint
+        text = data_fingerprint.fingerprint_bytes(
+            self.fingerprint_path, vouched, made_here=self.fingerprint_made_here
+        )
+        return self.fingerprint_path, (text,)
+
+    def add_fingerprint(self, file: WrittenFile) -> None:
+        self.data_files.append(file)
+
+    def fingerprint_failed(self, error: BaseException) -> None:
+        """The fingerprint could not be handed to the writer: :meth:`finish` raises."""
+        self._failure = error
 
     def finish(self) -> None:
         """Wait for every file (raises the first error)."""
         self.seal()
         for file in self.files():
             file.finish()
+        if self._failure is not None:
+            raise self._failure
 
     def abort(self) -> None:
         for file in self.files():
@@ -166,11 +190,11 @@ class _Entry:
 
 
 def write_entry(
-    array_paths: Mapping[str, Path],
+    array_paths: Mapping[str, str | os.PathLike[str]],
     arrays: Mapping[str, npt.NDArray[Any]],
-    fingerprint_path: Path,
+    fingerprint_path: str | os.PathLike[str],
     fingerprint: Mapping[str, Any] | None,
-    description_path: Path,
+    description_path: str | os.PathLike[str],
     description: str,
     vouch: bool,
     fingerprint_made_here: bool = False,
@@ -192,50 +216,72 @@ def write_entry(
     """
     background = batch_active()
     if background:
-        _hold_directory(description_path.parent)
-    files: dict[str, WrittenFile] = {}
+        _hold_directory(os.path.dirname(os.path.abspath(description_path)))
+    names = list(array_paths)
+    # every file of the entry handed to the writer in one call (one wake-up of its thread),
+    # with the previous entry's fingerprint: its arrays were written while this one was built
+    contents: list[tuple[str | os.PathLike[str], tuple[object, ...]]] = [
+        (array_paths[name], _npy_chunks(array_paths[name], arrays[name])) for name in names
+    ]
+    contents.append((description_path, (description.encode("utf-8"),)))
+    previous = _last_entry() if background else None
+    sealed = None
+    if previous is not None:
+        with contextlib.suppress(Exception):  # raised when the batch commits (_Entry.finish)
+            sealed = previous.fingerprint_contents()
+    if sealed is not None:
+        contents.insert(0, sealed)
     try:
-        for name, path in array_paths.items():
-            files[name] = _npy_writer(path, arrays[name], background)
+        files = WrittenFile.together(contents)
+    except BaseException as error:
+        if previous is not None and sealed is not None:
+            previous.fingerprint_failed(error)  # left out of the commit, not committed without
+        raise
+    if previous is not None and sealed is not None:
+        previous.add_fingerprint(files.pop(0))
+    try:
         entry = _Entry(
-            files,
+            dict(zip(names, files)),
             fingerprint_path,
             fingerprint,
-            description_path,
-            description,
+            files[-1],
             vouch,
             fingerprint_made_here,
         )
     except BaseException:
-        for file in files.values():
+        for file in files:
             file.abort()
         raise
     with _DEFERRED_LOCK:
         batch = _DEFERRED
         if batch is not None:
             batch.append(entry)
-            # the previous entry's arrays were written while this one was built: its
-            # fingerprint starts now instead of at the commit
-            previous = batch[-2] if len(batch) > 1 else None
     if batch is None:
         _commit_entries([entry])
-        return
-    if previous is not None:
-        with contextlib.suppress(Exception):  # raised when the batch commits (_Entry.finish)
-            previous.seal()
 
 
-def _hold_directory(directory: Path) -> None:
-    """Open `directory` for the batch's syncfs, before the batch writes its first file there."""
-    key = str(directory)
+def _last_entry() -> _Entry | None:
+    with _DEFERRED_LOCK:
+        return _DEFERRED[-1] if _DEFERRED else None
+
+
+def _hold_directory(key: str) -> None:
+    """Open the directory `key` for the batch's syncfs, before the batch writes its first file
+    there."""
     if key in _FILESYSTEMS:
         return
-    held = FilesystemSync(directory)
+    held = FilesystemSync(key)
     with _DEFERRED_LOCK:
         if _DEFERRED is None or key in _FILESYSTEMS:
             held.close()
         else:
             _FILESYSTEMS[key] = held
+
+
+def batch_holds(directory: str | os.PathLike[str]) -> bool:
+    """Whether the enclosing :func:`deferred_commits` batch has written in `directory` (which
+    therefore exists: the batch holds it open)."""
+    return bool(_FILESYSTEMS) and os.path.abspath(directory) in _FILESYSTEMS
 
 
 def batch_has_entries() -> bool:

@@ -66,6 +66,7 @@ __all__ = [
     "VERSION",
     "array_status",
     "differences",
+    "fingerprint_bytes",
     "fingerprint_file",
     "fingerprint_prefixes",
     "once_per_file",
@@ -323,25 +324,37 @@ def vouches_for(recorded: Mapping[str, Any] | None, current: Mapping[str, dict[s
 
 def _is_count(value: Any) -> bool:
     """A JSON integer >= 0 (sizes, times, inodes; not a bool)."""
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+    return type(value) is int and value >= 0  # json.loads makes exact ints; a bool is no count
+
+
+_ABSENT = object()
+_ARRAY_FIELD_SET = frozenset(ARRAY_FIELDS)
+_DATA_SUFFIX_SET = frozenset(DATA_SUFFIXES)
+_ALL_FILE_FIELDS = (*_FILE_FIELDS, *_IDENTITY_FIELDS)
 
 
 def _check_fields(
     entry: Mapping[str, Any],
     fields: Sequence[str],
-    where: str,
+    where: tuple[str, object, object],
     path: str,
     optional: Sequence[str] = (),
 ) -> None:
     """Each of `fields` of `entry` a count (the sample hash: a string); `optional` ones may be
-    absent."""
+    absent. `where` names the entry in the error, a format and its two values (formatted only
+    then: a warm start validates a sidecar per cache entry)."""
     for field in fields:
-        if field in optional and field not in entry:
+        value = entry.get(field, _ABSENT)
+        if value is _ABSENT and field in optional:
             continue
-        value = entry.get(field)
-        valid = isinstance(value, str) if field == "sample_sha256" else _is_count(value)
-        if not valid:
-            raise DataFormatError(f"{path}: {where} field {field!r} is invalid: {value!r:.80}")
+        if field == "sample_sha256":
+            if type(value) is str:
+                continue
+        elif type(value) is int and value >= 0:
+            continue
+        shown = None if value is _ABSENT else value
+        named = where[0].format(where[1], where[2])
+        raise DataFormatError(f"{path}: {named} field {field!r} is invalid: {shown!r:.80}")
 
 
 def _validate(payload: Any, path: str) -> None:
@@ -351,17 +364,17 @@ def _validate(payload: Any, path: str) -> None:
         if not isinstance(arrays, dict):
             raise DataFormatError(f"{path}: 'arrays' must be an object, got {arrays!r:.80}")
         for name, entry in arrays.items():
-            if not isinstance(entry, dict) or set(entry) != set(ARRAY_FIELDS):
+            if not isinstance(entry, dict) or entry.keys() != _ARRAY_FIELD_SET:
                 raise DataFormatError(
                     f"{path}: arrays[{name!r}] must map {list(ARRAY_FIELDS)} to integers, "
                     f"got {entry!r:.80}"
                 )
-            _check_fields(entry, ARRAY_FIELDS, f"arrays[{name!r}]", path)
+            _check_fields(entry, ARRAY_FIELDS, ("arrays[{!r}]{}", name, ""), path)
     datasets = payload.get("datasets")
     if not isinstance(datasets, dict):
         raise DataFormatError(f"{path}: 'datasets' must be an object, got {datasets!r:.80}")
     for prefix, files in datasets.items():
-        if not isinstance(files, dict) or set(files) != set(DATA_SUFFIXES):
+        if not isinstance(files, dict) or files.keys() != _DATA_SUFFIX_SET:
             raise DataFormatError(
                 f"{path}: dataset {prefix!r} must map {list(DATA_SUFFIXES)} to file "
                 f"fingerprints, got {files!r:.80}"
@@ -370,8 +383,13 @@ def _validate(payload: Any, path: str) -> None:
             if not isinstance(entry, dict):
                 raise DataFormatError(f"{path}: {prefix}{suffix} must be an object")
             # the identity fields are optional (older sidecars, adopted entries)
-            fields = (*_FILE_FIELDS, *_IDENTITY_FIELDS)
-            _check_fields(entry, fields, f"{prefix}{suffix}", path, optional=_IDENTITY_FIELDS)
+            _check_fields(
+                entry,
+                _ALL_FILE_FIELDS,
+                ("{}{}", prefix, suffix),
+                path,
+                optional=_IDENTITY_FIELDS,
+            )
 
 
 def fingerprint_writer(
@@ -385,12 +403,19 @@ def fingerprint_writer(
 
     `made_here`: the payload was made by this module (`fingerprint_prefixes`, `array_status`),
     so its structure is not checked again (a cold blend writes one sidecar per source)."""
+    return WrittenFile(path, (fingerprint_bytes(path, payload, made_here),), background=background)
+
+
+def fingerprint_bytes(
+    path: str | os.PathLike[str], payload: Mapping[str, Any], made_here: bool = False
+) -> bytes:
+    """The bytes of the sidecar at `path` holding `payload` (`made_here`: see
+    fingerprint_writer)."""
     if not made_here:
         _validate(payload, os.fspath(path))
     # compact: json.dumps with indent runs the pure-Python encoder, 4x slower on a blend's
     # sidecar (2 files per source); `python -m json.tool` shows it indented
-    text = json.dumps(payload, sort_keys=True, separators=(",", ":")) + "\n"
-    return WrittenFile(path, (text.encode("utf-8"),), background=background)
+    return (json.dumps(payload, sort_keys=True, separators=(",", ":")) + "\n").encode("utf-8")
 
 
 def write_fingerprint(path: str | os.PathLike[str], payload: Mapping[str, Any]) -> None:
