@@ -180,19 +180,44 @@ def test_deferred_commits_publish_the_batch_at_its_end_descriptions_last(
     with deferred_commits():
         for number, entry in enumerate(entries):
             entry.save({"a": np.arange(number + 1), "b": np.zeros(3)})
-            # nothing is visible before the batch ends: no reader can take a partial batch
-            assert not [name for name in os.listdir(tmp_path) if not name.startswith(".")]
+            # no description (the commit point) before the batch ends: no reader takes an entry
+            # of a partial batch (the arrays are written under their final names, unread
+            # until their description is in place)
+            assert not [name for name in os.listdir(tmp_path) if name.endswith("-description.txt")]
         assert not events
     renames = [path for kind, path in events if kind == "rename"]
-    assert len(renames) == 15
-    # every array before any description (the commit point), one directory fsync per round
-    assert all(path.endswith(".npy") for path in renames[:10])
-    assert all(path.endswith("-description.txt") for path in renames[10:])
+    # only the descriptions are renamed, after every array is on disk; one directory fsync for
+    # the arrays' names, one for the descriptions'
+    assert len(renames) == 5 and all(path.endswith("-description.txt") for path in renames)
+    first_rename = next(i for i, (kind, _) in enumerate(events) if kind == "rename")
+    synced = [path for kind, path in events[:first_rename] if kind == "file"]
+    assert sorted(path for path in synced if path.endswith(".npy")) == sorted(
+        str(entry.array_path(name)) for entry in entries for name in ("a", "b")
+    )
     assert [kind for kind, _ in events].count("dir") == 2
+    assert [kind for kind, _ in events][first_rename - 1] == "file"  # descriptions' own fsyncs
     for number, entry in enumerate(entries):
         arrays, problems = entry.load()
         assert problems == [] and arrays is not None
         np.testing.assert_array_equal(arrays["a"], np.arange(number + 1))
+    assert not [name for name in os.listdir(tmp_path) if name.endswith(".tmp")]
+
+
+def test_a_batch_writes_beside_a_name_that_exists_and_renames(tmp_path: Path) -> None:
+    from tokenmill.index.cache import deferred_commits
+
+    # a name already there (a stale entry rebuilt, a killed or racing writer's file) is
+    # replaced by a rename, never written through
+    entry = _entry(tmp_path, 1)
+    stale = entry.array_path("a")
+    stale.write_bytes(b"a killed writer's half array")
+    before = os.stat(stale).st_ino
+    with deferred_commits():
+        entry.save({"a": np.arange(4), "b": np.zeros(2)})
+    assert os.stat(stale).st_ino != before
+    arrays, problems = entry.load()
+    assert problems == [] and arrays is not None
+    np.testing.assert_array_equal(arrays["a"], np.arange(4))
     assert not [name for name in os.listdir(tmp_path) if name.endswith(".tmp")]
 
 
@@ -252,11 +277,11 @@ def test_an_entry_whose_fingerprint_cannot_be_written_is_left_out_of_the_batch(
     real = atomic.WrittenFile.together.__func__  # type: ignore[attr-defined]
     calls = [0]
 
-    def failing_second(cls: type, files: Any) -> Any:
+    def failing_second(cls: type, files: Any, *args: Any) -> Any:
         calls[0] += 1
         if calls[0] == 2:
             raise MemoryError("no memory for the writer's queue")
-        return real(cls, files)
+        return real(cls, files, *args)
 
     monkeypatch.setattr(atomic.WrittenFile, "together", classmethod(failing_second))
     fingerprint = {"format": "tokenmill.data-fingerprint", "version": 1, "datasets": {}}
@@ -334,8 +359,9 @@ def test_a_large_batch_syncs_its_filesystem_once_then_renames(
     entries = _batch_of(tmp_path, 4)  # 12 files
     kinds = [kind for kind, _ in events]
     # one syncfs of the cache's filesystem (every file written by then), no fsync per file;
-    # then the data files renamed, the directory fsynced, the descriptions, the directory again
-    assert kinds == ["filesystem"] + ["rename"] * 8 + ["dir"] + ["rename"] * 4 + ["dir"]
+    # then the directory fsynced (the data files were created under their names), the
+    # descriptions renamed, the directory again
+    assert kinds == ["filesystem", "dir"] + ["rename"] * 4 + ["dir"]
     assert events[0][1] == str(tmp_path)
     assert all(path.endswith("-description.txt") for _, path in events[-5:-1])
     for number, entry in enumerate(entries):
@@ -353,9 +379,7 @@ def test_a_large_batch_fsyncs_each_file_when_much_else_is_dirty(
     _batch_of(tmp_path, 4)
     kinds = [kind for kind, _ in events]
     assert "filesystem" not in kinds
-    assert kinds == ["file"] * 8 + ["rename"] * 8 + ["dir"] + ["file"] * 4 + ["rename"] * 4 + [
-        "dir"
-    ]
+    assert kinds == ["file"] * 8 + ["dir"] + ["file"] * 4 + ["rename"] * 4 + ["dir"]
 
 
 @pytest.mark.usefixtures("small_whole_filesystem_batches")
@@ -377,8 +401,8 @@ def test_a_failed_syncfs_commits_nothing_and_names_the_directory(
     with pytest.raises(OSError, match=rf"cannot sync the filesystem of {tmp_path}") as raised:
         _batch_of(tmp_path, 4)
     assert raised.value.errno == errno.EIO
-    # nothing renamed (the data may not be on disk), nothing left behind
-    assert os.listdir(tmp_path) == []
+    # no description renamed (the data may not be on disk), no temporary file left behind
+    assert [name for name in os.listdir(tmp_path) if not name.endswith(".npy")] == []
 
 
 def test_a_batch_holds_one_descriptor_per_directory_until_it_ends(tmp_path: Path) -> None:
@@ -493,3 +517,39 @@ def test_written_file_abort_and_errors(tmp_path: Path, monkeypatch: pytest.Monke
     with pytest.raises(ResourceLimitError, match=r"cannot create .*d\.txt.*ulimit -n"):
         atomic.WrittenFile(tmp_path / "d.txt", (b"data",))
     assert not [name for name in os.listdir(tmp_path) if name.startswith(".d.txt")]
+
+
+def test_written_files_together_in_place_or_beside_their_names(
+    tmp_path: Path, events: list[tuple[str, str]]
+) -> None:
+    (tmp_path / "taken.bin").write_bytes(b"old")
+    placed, beside, taken = atomic.WrittenFile.together(
+        [
+            (tmp_path / "placed.bin", (b"p",)),
+            (tmp_path / "beside.bin", (b"b",)),
+            (tmp_path / "taken.bin", (b"new",)),
+        ],
+        in_place=[True, False, True],
+    )
+    for file in (placed, beside, taken):
+        file.finish()
+    # in place: under its final name at once; an existing name: a temporary file beside it
+    assert placed.temporary_path == str(tmp_path / "placed.bin")
+    assert (tmp_path / "placed.bin").read_bytes() == b"p"
+    assert beside.temporary_path.endswith(".tmp") and taken.temporary_path.endswith(".tmp")
+    assert (tmp_path / "taken.bin").read_bytes() == b"old"
+    atomic.commit_together([placed, beside, taken])
+    assert [path for kind, path in events if kind == "rename"] == [
+        str(tmp_path / "beside.bin"),
+        str(tmp_path / "taken.bin"),
+    ]
+    assert sorted(os.listdir(tmp_path)) == ["beside.bin", "placed.bin", "taken.bin"]
+    assert (tmp_path / "taken.bin").read_bytes() == b"new"
+
+
+def test_an_aborted_in_place_file_is_left_for_the_next_writer(tmp_path: Path) -> None:
+    # a racing writer may have renamed its committed file over the name: never removed
+    (file,) = atomic.WrittenFile.together([(tmp_path / "a.npy", (b"half",))], in_place=[True])
+    file.finish()
+    file.abort()
+    assert (tmp_path / "a.npy").read_bytes() == b"half"

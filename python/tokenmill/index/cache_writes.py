@@ -231,8 +231,12 @@ def write_entry(
             sealed = previous.fingerprint_contents()
     if sealed is not None:
         contents.insert(0, sealed)
+    # In a batch the data files are written under their final names: nothing reads them before
+    # the description (renamed last) is in place, and a blend of 1,000 sources saves 4,000
+    # renames (each a round trip to the server on NFS or Lustre). The description never is.
+    in_place = [background] * (len(contents) - 1) + [False]
     try:
-        files = WrittenFile.together(contents)
+        files = WrittenFile.together(contents, in_place)
     except BaseException as error:
         if previous is not None and sealed is not None:
             previous.fingerprint_failed(error)  # left out of the commit, not committed without
