@@ -13,7 +13,8 @@ Each run prints the time from the builder's construction to sample 0 (imports ex
 peak resident memory (ru_maxrss), and the open file descriptors and memory maps after sample 0.
 Each cell is the fastest of --repeat runs, with their median beside it (cold: a fresh directory
 each time; warm: the cache of the last cold run); the libraries take turns within each repeat.
-Ratios are megatron time / tokenmill time. Runs over --timeout seconds are stopped and shown as
+Ratios are megatron time / tokenmill time. Each run starts after a `sync` (nothing dirty in
+the page cache). Runs over --timeout seconds are stopped and shown as
 "timeout"; a run that fails shows its error (e.g. megatron-core out of descriptors).
 --ulimit-sources lists the S run under `ulimit -n --low-fd-limit` (1024).
 
@@ -161,6 +162,10 @@ def run(
             hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
             resource.setrlimit(resource.RLIMIT_NOFILE, (fd_limit, hard))
 
+    # nothing dirty in the page cache when a run starts: neither library's run pays for writing
+    # back the harness's files or the other library's cache (tokenmill's durable commit syncs
+    # the cache's filesystem, which would otherwise include megatron-core's unsynced cache)
+    os.sync()
     try:
         done = subprocess.run(
             command,

@@ -509,7 +509,9 @@ def sync_filesystems(
     if not fsync_enabled() or len(pending) < WHOLE_FILESYSTEM_SYNC_FILES:
         return False
     by_directory = {sync.directory: sync for sync in filesystems}
-    needed = {os.path.dirname(os.path.abspath(file.path)) for file in pending}
+    needed = {
+        os.path.abspath(name or os.curdir) for name in {os.path.dirname(f.path) for f in pending}
+    }
     if not needed <= by_directory.keys():
         return False
     for file in pending:
