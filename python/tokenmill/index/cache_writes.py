@@ -7,11 +7,13 @@ fsynced and renamed first, the description after them, so a committed descriptio
 whole arrays on disk, after a lost machine as after a killed process.
 
 :func:`deferred_commits` batches that commit across entries and overlaps the writing with the
-build: each entry's files are written by the C++ background writer (`_core.FileWriter`, no GIL)
-while the builder computes the next entry, and the batch is made durable at its end by one
-syncfs of the cache's filesystem (`common.atomic.FilesystemSync`). A blend of 1,000 sources
-writes 5,000 files: fsynced one after the other they took tens of seconds on a busy disk, and
-even fsynced 16 at a time in the background they cost a third of the cold build. The reading side, locks and the
+build: each entry's files are handed to the C++ background writer (`_core.FileWriter`, no GIL)
+in one call and written while the builder computes the next entry; its arrays and fingerprint
+under their final names (nothing reads them before the description is in place), so only the
+descriptions are renamed; and the batch is made durable at its end by one syncfs of the cache's
+filesystem (`common.atomic.FilesystemSync`). A blend of 1,000 sources writes 5,000 files:
+fsynced one after the other they took tens of seconds on a busy disk, and even fsynced 16 at a
+time in the background they cost a quarter of the cold build. The reading side, locks and the
 rules of a hit are `tokenmill.index.cache`; the protocol is docs/cache-protocol.md.
 """
 
