@@ -107,6 +107,25 @@ def tokenizer() -> TinyTokenizer:
 
 
 @pytest.fixture
+def greedy_threads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The name of the thread that ran each greedy blending computation, in order (the
+    builder computes a cold blend's indices ahead, on a thread of its own)."""
+    import threading
+
+    from tokenmill.index import blending
+
+    threads: list[str] = []
+    real = blending._greedy
+
+    def recording(vector: np.ndarray, count: int) -> Any:
+        threads.append(threading.current_thread().name)
+        return real(vector, count)
+
+    monkeypatch.setattr(blending, "_greedy", recording)
+    return threads
+
+
+@pytest.fixture
 def shard(tmp_path: Path) -> str:
     """A 200-document uint16 shard with random lengths, ending every document with EOD 0."""
     rng = np.random.default_rng(1234)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import importlib.util
 import platform
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
@@ -720,19 +719,12 @@ def nothing_ahead() -> Iterator[None]:
 
 @pytest.mark.usefixtures("nothing_ahead")
 def test_indices_computed_ahead_are_taken_once_by_the_same_inputs(
-    monkeypatch: pytest.MonkeyPatch,
+    greedy_threads: list[str],
 ) -> None:
+    threads = greedy_threads
     weights = np.random.default_rng(5).random(40)
     weights /= weights.sum()
     expected = blending_indices_reference(weights, 3000)
-    threads: list[str] = []
-    real = blending._greedy
-
-    def recording(vector: np.ndarray, count: int) -> Any:
-        threads.append(threading.current_thread().name)
-        return real(vector, count)
-
-    monkeypatch.setattr(blending, "_greedy", recording)
     blending.compute_ahead(weights, 3000)
     blending.compute_ahead(weights, 3000)  # already under way: not started twice
     taken = build_blending_indices(weights, 3000)

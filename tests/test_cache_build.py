@@ -461,22 +461,13 @@ def test_fast_startup_flags_are_ignored_while_building(tmp_path: Path) -> None:
 
 
 def test_a_cold_blend_computes_its_indices_while_its_members_are_built(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, greedy_threads: list[str]
 ) -> None:
-    import threading
-
     import tokenmill.datasets.builder as builder_module
     from tokenmill.index import blending
 
+    threads = greedy_threads
     prefixes = make_shards(tmp_path)
-    threads: list[str] = []
-    real = blending._greedy
-
-    def recording(vector: np.ndarray, count: int) -> Any:
-        threads.append(threading.current_thread().name)
-        return real(vector, count)
-
-    monkeypatch.setattr(blending, "_greedy", recording)
     values = {**fields(prefixes, tmp_path / "cache"), "blend": (prefixes, [0.5, 0.3, 0.2])}
     config = GPTDatasetConfig(**values | {"tokenizer": TinyTokenizer()})
 
