@@ -394,7 +394,7 @@ class BlendedMegatronDatasetBuilder:
                         on_cold_cache()
                 return built
 
-            # every entry of the batch committed together: one round of fsyncs, not one per file
+            # every entry of the batch committed together: one syncfs, not fsyncs per file
             with deferred_commits():
                 if threads == 1:  # here, not on a pool thread: no hand-over per source
                     built = after_each(build_one(number) for number in range(len(prefixes)))
