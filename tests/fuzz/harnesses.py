@@ -42,6 +42,12 @@ __all__ = ["ALLOWED", "HARNESSES", "seeds", "set_workdir"]
 _state: dict[str, Any] = {"dir": None, "counter": itertools.count()}
 _MAX_ITEMS = 64  # sequences / samples read from an accepted input (keeps one execution short)
 _MAX_BIN_BYTES = 1 << 20
+# Samples (rows) a cache-entry harness serves from an accepted entry, per path: every one it has.
+# One file is fuzzed per input and the load's checks tie its length to the untouched files, so an
+# accepted entry has exactly its fixture's count (58 GPT samples, 31 packed rows; a blend's 16 are
+# fixed by its specs); the cap never cuts a campaign input short. It bounds one execution (about
+# 0.1 ms per sample and path) should a fixture grow or a check loosen.
+_MAX_SAMPLES = 4096
 
 
 def set_workdir(directory: str | os.PathLike[str]) -> None:
@@ -257,8 +263,9 @@ def _gpt_fixture() -> dict[str, Any]:
 def cache_entry(data: bytes) -> bool:
     """A cache entry with one fuzzed file (the description or one of the three `.npy` arrays):
     `IndexCache.load` must report problems instead of raising, `load_or_build` on a non-building
-    rank raises only CacheError, and an accepted entry must serve samples or raise IndexError /
-    CacheError / DataFormatError (never read out of bounds) on both sample paths."""
+    rank raises only CacheError, and an accepted entry must serve every sample, or raise
+    IndexError / CacheError / DataFormatError (never read out of bounds), on both sample paths
+    (the C++ gather, one by one and batched, and the Python path)."""
     from tokenmill.datasets import gpt as gpt_module
 
     fixture = _gpt_fixture()
@@ -296,7 +303,7 @@ def cache_entry(data: bytes) -> bool:
     dataset.sample_index = arrays["sample_index"]
     dataset.shuffle_index = arrays["shuffle_index"]
     dataset._server = gpt_module._UNSET
-    count = min(len(dataset), 8)
+    count = min(len(dataset), _MAX_SAMPLES)  # every sample: a corrupt row may be the last
     for sample in range(count):
         with contextlib.suppress(IndexError, CacheError, DataFormatError):
             dataset[sample]
@@ -348,9 +355,10 @@ def _packing_fixture() -> dict[str, Any]:
 def packing_plan(data: bytes) -> bool:
     """A cached packing plan with one fuzzed array (`entries`, `row_offsets`, `row_order`): a
     non-building rank's load (the specs and value checks PackedDataset uses) refuses it with
-    CacheError or DataFormatError, or the plan it accepts serves every row, one by one (Python)
-    and batched (the C++ packed gather), or raises IndexError / DataFormatError (never reads out
-    of bounds)."""
+    CacheError or DataFormatError, or the plan it accepts serves every row, one by one and
+    batched, or raises IndexError / DataFormatError (never reads out of bounds). The fixture's
+    source is a mapped IndexedDataset, so both go through the C++ packed gather; PackedDataset's
+    Python row path (`_row_arrays`, for other sources) is not exercised here."""
     from tokenmill.index.cache import ArraySpec
     from tokenmill.index.cache_checks import packing_checks
 
@@ -379,7 +387,7 @@ def packing_plan(data: bytes) -> bool:
     dataset.entries = arrays["entries"]
     dataset.row_offsets = arrays["row_offsets"]
     dataset.row_order = arrays["row_order"]
-    count = min(len(dataset), 8)
+    count = min(len(dataset), _MAX_SAMPLES)  # every row: a corrupt entry may be in the last
     for row in range(count):
         with contextlib.suppress(IndexError, CacheError, DataFormatError):
             dataset[row]
