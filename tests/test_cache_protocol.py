@@ -102,8 +102,13 @@ def test_racing_builders_never_remove_a_committed_file(
 def test_only_provably_abandoned_temporaries_are_removed(shard: str, tmp_path: Path) -> None:
     cache = tmp_path / "cache"
     cache.mkdir()
-    tag = owner.owner_tag()  # tm-<host>-<pid namespace>-<pid>
+    tag = owner.owner_tag()  # tm-<host>-<boot>-<pid namespace>-<pid>
     stem = tag.rsplit("-", 1)[0]
+    host, boot, namespace = stem.split("-")[1:-2], stem.split("-")[-2], stem.split("-")[-1]
+    # the same host name and pid namespace inode on another machine (machine images and
+    # containers share host names; a namespace outside containers has one inode everywhere)
+    other_boot = f"{(int(boot, 16) + 1) % 16**12:012x}"
+    same_name = f"tm-{'-'.join(host)}-{other_boot}-{namespace}"
     with subprocess.Popen([sys.executable, "-c", "pass"]) as gone:
         pass
     with subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]) as live:
@@ -111,9 +116,11 @@ def test_only_provably_abandoned_temporaries_are_removed(shard: str, tmp_path: P
             files = {
                 "dead": f".x-a.npy.{stem}-{gone.pid}.abc.tmp",
                 "live": f".x-b.npy.{stem}-{live.pid}.abc.tmp",
-                "other_host": f".x-c.npy.tm-elsewhere-1-{gone.pid}.abc.tmp",
+                "other_host": f".x-c.npy.{owner.tag('elsewhere', 1, gone.pid)}.abc.tmp",
                 "untagged": ".x-d.npy.abc123.tmp",
-                "old": f".x-e.npy.tm-elsewhere-1-{live.pid}.abc.tmp",
+                "old": f".x-e.npy.{owner.tag('elsewhere', 1, live.pid)}.abc.tmp",
+                "same_name_other_machine": f".x-f.npy.{same_name}-{gone.pid}.abc.tmp",
+                "before_boot_ids": f".x-g.npy.{stem.replace('-' + boot, '')}-{gone.pid}.7.tmp",
             }
             for name in files.values():
                 (cache / name).write_bytes(b"partial")
@@ -124,7 +131,8 @@ def test_only_provably_abandoned_temporaries_are_removed(shard: str, tmp_path: P
         finally:
             live.kill()
     assert files["dead"] not in left and files["old"] not in left
-    assert {files["live"], files["other_host"], files["untagged"]} <= left
+    kept = ("live", "other_host", "untagged", "same_name_other_machine", "before_boot_ids")
+    assert {files[kind] for kind in kept} <= left
 
 
 def test_running_out_of_descriptors_is_reported_and_never_rebuilds(

@@ -58,6 +58,7 @@ from rank_jobs import (
     watch_committed,
     write_shards,
 )
+from tokenmill.common.owner import tag as owner_tag_of
 
 pytestmark = [
     pytest.mark.distributed,
@@ -316,7 +317,7 @@ def test_two_hosts_share_one_cache(tmp_path: Path, shards: list[str]) -> None:
                 assert not dead & _hidden(cache)
                 assert kept <= _hidden(cache)
                 killed_pid = answers[1]["pids"][str(builder_b)]
-                tag = f".tm-{b.name}-{hello[b.name]['namespace']}-{killed_pid}."
+                tag = f".{owner_tag_of(b.name, hello[b.name]['namespace'], killed_pid)}."
                 killed_leftovers = {name for name in _hidden(cache) if tag in name}
             else:
                 assert not killed
@@ -400,7 +401,7 @@ def _plant(command: dict[str, Any], cache: str, live_writers: list[Any]) -> dict
     """Temporary files of live writers of this host (at the pids asked for), of a dead one, and
     a file naming a live writer's pid and this host's pid namespace under another host's name.
     Returns their names."""
-    from tokenmill.common.owner import pid_namespace
+    from tokenmill.common.owner import pid_namespace, tag
 
     def named(final: str) -> str:
         [name] = [n for n in os.listdir(cache) if n.startswith(f".{final}.tm-")]
@@ -419,7 +420,7 @@ def _plant(command: dict[str, Any], cache: str, live_writers: list[Any]) -> dict
         planted["live"].append(named(final))
     if "same_name_elsewhere" in command:
         final, host, pid = command["same_name_elsewhere"]
-        name = _temporary_name(final, f"tm-{host}-{pid_namespace()}-{pid}")
+        name = _temporary_name(final, tag(host, pid_namespace(), pid))
         Path(cache, name).write_bytes(b"a live writer's bytes")
         planted["same_name_elsewhere"] = name
     writer = FORK.Process(target=_leave_temporary, args=(cache, command["dead"]))

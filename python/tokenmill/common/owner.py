@@ -1,12 +1,14 @@
 """Who wrote a temporary file, and whether that writer is provably gone.
 
 Temporary files (``common.atomic``) carry their writer in their name,
-``.<final name>.tm-<host>-<pid namespace>-<pid>.<number>.tmp``, so a cleaner on a shared
+``.<final name>.tm-<host>-<boot>-<pid namespace>-<pid>.<number>.tmp``, so a cleaner on a shared
 filesystem can tell a live builder's file (never touched) from one a killed process left behind:
-the owner ran on this host, in this pid namespace (containers sharing a host name do not see
-each other's pids), and its pid no longer exists; or the file is older than :data:`MAX_AGE`
-whoever wrote it. A reused pid only keeps a dead writer's file longer. See
-docs/cache-protocol.md.
+the owner ran on this machine since its last boot (the host name and the kernel's random boot
+id, both: machine images and containers often share a host name, and the pid namespace of
+processes outside containers has the same inode on every machine), in this pid namespace
+(containers sharing a kernel do not see each other's pids), and its pid no longer exists; or the
+file is older than :data:`MAX_AGE` whoever wrote it. A reused pid only keeps a dead writer's file
+longer. See docs/cache-protocol.md.
 """
 
 from __future__ import annotations
@@ -21,21 +23,44 @@ from collections.abc import Callable
 
 __all__ = [
     "MAX_AGE",
+    "boot_id",
     "is_abandoned",
     "owner_tag",
     "pid_alive",
     "pid_namespace",
     "remove_abandoned",
+    "tag",
 ]
 
 MAX_AGE = 24 * 3600.0
 """Seconds after which any temporary file is abandoned (no build writes for a day)."""
 
-_TAG = re.compile(r"\.tm-(?P<host>[A-Za-z0-9_-]+)-(?P<ns>\d+)-(?P<pid>\d+)\.[^.]*\.tmp$")
+_TAG = re.compile(
+    r"\.tm-(?P<host>[A-Za-z0-9_-]+)-(?P<boot>[0-9a-f]{12})-(?P<ns>\d+)-(?P<pid>\d+)\.[^.]*\.tmp$"
+)
+_UNKNOWN_BOOT = "0" * 12
 
 
 def _host() -> str:
     return re.sub(r"[^A-Za-z0-9-]", "_", socket.gethostname())[:64] or "host"
+
+
+_BOOT_ID: str | None = None
+
+
+def boot_id() -> str:
+    """12 hex digits of the kernel's random boot id (``/proc/sys/kernel/random/boot_id``): this
+    machine since its last boot, shared by its containers ("000000000000" where it cannot be
+    read: only the age rule then applies to other processes' files)."""
+    global _BOOT_ID
+    if _BOOT_ID is None:
+        try:
+            with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as stream:
+                digits = stream.read().strip().replace("-", "").lower()
+        except OSError:  # not Linux, or no /proc
+            digits = ""
+        _BOOT_ID = digits[:12] if re.fullmatch(r"[0-9a-f]{12,}", digits) else _UNKNOWN_BOOT
+    return _BOOT_ID
 
 
 def pid_namespace() -> int:
@@ -51,13 +76,20 @@ def pid_namespace() -> int:
 _OWNER_TAG: tuple[int, str] | None = None
 
 
+def tag(host: str, namespace: int, pid: int) -> str:
+    """``tm-<host>-<boot>-<pid namespace>-<pid>``: the tag of process `pid` of pid namespace
+    `namespace` on a machine named `host`, booted as this one (tests plant others' files)."""
+    return f"tm-{host}-{boot_id()}-{namespace}-{pid}"
+
+
 def owner_tag() -> str:
-    """``tm-<host>-<pid namespace>-<pid>``: this process, as its temporary files name it."""
+    """``tm-<host>-<boot>-<pid namespace>-<pid>``: this process, as its temporary files name
+    it."""
     global _OWNER_TAG
     pid = os.getpid()
     cached = _OWNER_TAG
     if cached is None or cached[0] != pid:
-        cached = _OWNER_TAG = (pid, f"tm-{_host()}-{pid_namespace()}-{pid}")
+        cached = _OWNER_TAG = (pid, tag(_host(), pid_namespace(), pid))
     return cached[1]
 
 
@@ -79,6 +111,9 @@ def is_abandoned(name: str, mtime: float, now: float | None = None) -> bool:
         return True
     match = _TAG.search(name)
     if match is None or match["host"] != _host():
+        return False
+    boot = boot_id()
+    if boot == _UNKNOWN_BOOT or match["boot"] != boot:  # another machine of the same name
         return False
     namespace = pid_namespace()
     if namespace == 0 or int(match["ns"]) != namespace:
