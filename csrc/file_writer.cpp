@@ -1,13 +1,18 @@
 #include "file_writer.hpp"
 
 #include <fcntl.h>
+#include <sys/ioctl.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#ifdef __linux__
+#include <linux/fs.h>
+#endif
 
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <cstring>
 #include <new>
 #include <stdexcept>
 #include <system_error>
@@ -95,6 +100,22 @@ int write_all(int descriptor, const unsigned char* data, size_t size) {
 
 }  // namespace
 
+int64_t inode_generation(int descriptor) noexcept {
+#if defined(__linux__) && defined(FS_IOC_GETVERSION)
+  // the ioctl is declared with a long, but filesystems store an int at its start (ext4, btrfs,
+  // xfs, f2fs): a zeroed long-sized buffer, read back as its first four bytes
+  unsigned char buffer[sizeof(long)] = {};
+  if (::ioctl(descriptor, FS_IOC_GETVERSION, buffer) == 0) {
+    uint32_t generation = 0;
+    std::memcpy(&generation, buffer, sizeof generation);
+    return static_cast<int64_t>(generation);
+  }
+#else
+  (void)descriptor;
+#endif
+  return -1;
+}
+
 FileWriteOutcome write_file(const std::string& path, const std::vector<FileChunk>& chunks,
                             bool sync) noexcept {
   Fault fault = injected(FileStep::create);
@@ -126,6 +147,7 @@ FileWriteOutcome write_file(const std::string& path, const std::vector<FileChunk
       outcome.inode = static_cast<uint64_t>(status.st_ino);
       outcome.mtime_ns = nanoseconds(status.st_mtim);
       outcome.ctime_ns = nanoseconds(status.st_ctim);
+      outcome.generation = inode_generation(descriptor);
     }
   }
   // close(2) reports deferred write errors on some filesystems (NFS: EIO, EDQUOT, ENOSPC)

@@ -50,6 +50,9 @@ struct FileWriteOutcome {
   uint64_t inode = 0;
   int64_t mtime_ns = 0;
   int64_t ctime_ns = 0;
+  // the inode's generation (FS_IOC_GETVERSION: ext4, btrfs, xfs, f2fs, Lustre), which changes
+  // when an inode number is reused; -1 where the filesystem does not report one (tmpfs, NFS)
+  int64_t generation = -1;
 };
 
 struct FileChunk {
@@ -103,6 +106,10 @@ class FileWriter {
 FileWriteOutcome write_file(const std::string& path, const std::vector<FileChunk>& chunks,
                             bool sync) noexcept;
 FileWriteOutcome sync_file(const std::string& path) noexcept;
+
+// The generation of the open file's inode (FileWriteOutcome::generation), -1 if unknown:
+// with the inode number, it names one file even where the number was freed and reused.
+int64_t inode_generation(int descriptor) noexcept;
 
 // Flush every file of the filesystem that holds the open `descriptor` (Linux syncfs(2)): the
 // durability step of a large batch, one call where a fsync per file would each wait for a

@@ -312,6 +312,76 @@ def test_the_builder_rechecks_values_only_of_files_its_sidecar_does_not_vouch_fo
         fingerprint.read_fingerprint(sidecar)
 
 
+def test_a_reused_inode_number_is_caught_by_its_generation(
+    shard: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A file that took the place of a vouched-for array file with the same size, mtime and
+    inode number (the original freed, its number reused within one clock tick) differs in the
+    inode's generation: its values are checked."""
+    from tokenmill import _core
+    from tokenmill.index import fingerprint
+
+    probe = tmp_path / "probe"
+    probe.write_bytes(b"x")
+    descriptor = os.open(probe, os.O_RDONLY)
+    try:
+        reported = _core.inode_generation(descriptor) >= 0
+    finally:
+        os.close(descriptor)
+    if not reported:
+        pytest.skip(f"the filesystem of {tmp_path} reports no inode generations")
+    built = build(shard, make_config(tmp_path / "cache"))
+    forbid_builds(monkeypatch)
+    checked: list[str] = []
+    real = cache_module.cache_checks.value_problems
+
+    def counting(arrays: Any, checks: Any, full: bool, path_of: Any) -> list[str]:
+        checked.append("values")
+        return list(real(arrays, checks, full, path_of))
+
+    monkeypatch.setattr(cache_module.cache_checks, "value_problems", counting)
+    (sidecar,) = tmp_path.glob("cache/*-data.tokenmill.json")
+    payload = fingerprint.read_fingerprint(sidecar)
+    assert payload is not None
+    record = payload["arrays"]["sample_index"]
+    (path,) = tmp_path.glob("cache/*-sample_index.npy")
+    status = path.stat()
+    assert record == {
+        "size": status.st_size,
+        "mtime_ns": status.st_mtime_ns,
+        "inode": status.st_ino,
+        "generation": record["generation"],
+    }
+    assert_same_arrays(build(shard, make_config(tmp_path / "cache")), built)
+    assert checked == []
+    # the record of the file that was there before: same size, mtime and number, another
+    # generation
+    record["generation"] = (record["generation"] + 1) % 2**32
+    sidecar.write_text(json.dumps(payload))
+    assert_same_arrays(build(shard, make_config(tmp_path / "cache")), built)
+    assert checked == ["values"]
+    # a record of older tokenmill (no generation) vouches on the other fields, as it did
+    del record["generation"]
+    sidecar.write_text(json.dumps(payload))
+    assert_same_arrays(build(shard, make_config(tmp_path / "cache")), built)
+    assert checked == ["values"]
+
+
+def test_vouching_compares_generations_only_where_both_sides_have_one() -> None:
+    from tokenmill.index.fingerprint import vouches_for
+
+    fields = {"size": 10, "mtime_ns": 5, "inode": 7}
+    with_generation = {**fields, "generation": 3}
+    assert vouches_for({"arrays": {"a": with_generation}}, {"a": with_generation})
+    assert vouches_for({"arrays": {"a": fields}}, {"a": fields})
+    assert vouches_for({"arrays": {"a": fields}}, {"a": with_generation})  # older record
+    # recorded, but the filesystem reports none now (another mount): check the values
+    assert not vouches_for({"arrays": {"a": with_generation}}, {"a": fields})
+    assert not vouches_for({"arrays": {"a": {**fields, "generation": 4}}}, {"a": with_generation})
+    assert not vouches_for({"arrays": {"a": {**fields, "inode": 8}}}, {"a": with_generation})
+    assert not vouches_for({"arrays": {"a": {**fields, "extra": 1}}}, {"a": with_generation})
+
+
 def test_a_blend_fingerprints_each_data_file_once(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

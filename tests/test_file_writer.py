@@ -4,9 +4,11 @@ as values, tickets, buffer lifetimes, threads, fork; and the cold blend build th
 from __future__ import annotations
 
 import errno
+import fcntl
 import gc
 import multiprocessing
 import os
+import sys
 import threading
 from pathlib import Path
 
@@ -30,7 +32,7 @@ def test_writes_the_chunks_in_order_and_reports_the_files_status(
 ) -> None:
     array = np.arange(1000, dtype=np.int64).reshape(500, 2)
     path = tmp_path / "file"
-    error, step, size, inode, mtime_ns, ctime_ns = writer.wait(
+    error, step, size, inode, mtime_ns, ctime_ns, generation = writer.wait(
         writer.submit_write(str(path), [b"head", memoryview(b"er"), array, b""])
     )
     assert (error, step) == (0, 0)
@@ -42,6 +44,39 @@ def test_writes_the_chunks_in_order_and_reports_the_files_status(
         status.st_mtime_ns,
         status.st_ctime_ns,
     )
+    assert generation == _generation_of(path)
+
+
+def _generation_of(path: Path) -> int:
+    """The inode generation, as Python reads it (FS_IOC_GETVERSION: an int at the buffer's
+    start); -1 where the filesystem reports none."""
+    descriptor = os.open(path, os.O_RDONLY)
+    try:
+        buffer = fcntl.ioctl(descriptor, 0x80087601, bytes(8))  # FS_IOC_GETVERSION
+    except OSError:
+        return -1
+    finally:
+        os.close(descriptor)
+    return int.from_bytes(buffer[:4], sys.byteorder)
+
+
+def test_inode_generation_is_the_kernels_or_minus_one(tmp_path: Path) -> None:
+    from tokenmill import _core
+
+    path = tmp_path / "file"
+    path.write_bytes(b"x")
+    descriptor = os.open(path, os.O_RDONLY)
+    try:
+        assert _core.inode_generation(descriptor) == _generation_of(path)
+    finally:
+        os.close(descriptor)
+    read, write = os.pipe()  # no filesystem generation for a pipe
+    try:
+        assert _core.inode_generation(read) == -1
+    finally:
+        os.close(read)
+        os.close(write)
+    assert _core.inode_generation(10**6) == -1  # not a descriptor: unknown, never a crash
 
 
 def test_errors_are_outcomes_naming_the_step(writer: FileWriter, tmp_path: Path) -> None:

@@ -21,8 +21,8 @@ namespace {
 
 using namespace pybind11::literals;
 
-// (errno, failed step, size, inode, mtime_ns, ctime_ns)
-using Outcome = std::tuple<int, int, uint64_t, uint64_t, int64_t, int64_t>;
+// (errno, failed step, size, inode, mtime_ns, ctime_ns, generation)
+using Outcome = std::tuple<int, int, uint64_t, uint64_t, int64_t, int64_t, int64_t>;
 
 // A buffer view held until its job has been waited for; released with the GIL held.
 class HeldBuffer {
@@ -137,7 +137,7 @@ class PyFileWriter {
       }
     }
     return {outcome.error, static_cast<int>(outcome.step), outcome.size, outcome.inode,
-            outcome.mtime_ns, outcome.ctime_ns};
+            outcome.mtime_ns, outcome.ctime_ns, outcome.generation};
   }
 
  private:
@@ -213,6 +213,9 @@ int sync_filesystem_of(int descriptor, const std::string& label) {
 }
 
 void register_io(py::module_& m, py::module_& testing) {
+  m.def("inode_generation", &inode_generation, "descriptor"_a,
+        "The generation of the open file's inode (FS_IOC_GETVERSION), which changes when its "
+        "number is reused; -1 where the filesystem reports none (tmpfs, NFS).");
   m.def("sync_filesystem", &sync_filesystem_of, "descriptor"_a, "label"_a,
         "syncfs(2): flush the filesystem holding the open `descriptor`; 0 or errno (ENOSYS "
         "without syncfs). `label` names it in the test log.");
@@ -233,8 +236,9 @@ void register_io(py::module_& m, py::module_& testing) {
            "fsync every path (open, fsync, close), all in flight at once; (errno, failed "
            "step) per path.")
       .def("wait", &PyFileWriter::wait, "ticket"_a,
-           "The job's outcome: (errno, failed step, size, inode, mtime_ns, ctime_ns); steps: "
-           "0 none, 1 create, 2 write, 3 fstat, 4 open, 5 fsync.");
+           "The job's outcome: (errno, failed step, size, inode, mtime_ns, ctime_ns, "
+           "generation); steps: 0 none, 1 create, 2 write, 3 fstat, 4 open, 5 fsync; "
+           "generation -1 where the filesystem reports none.");
   testing.def("inject_file_fault", &inject_file_fault, "step"_a, "count"_a, "error"_a = 0,
               "pause"_a = false,
               "The count-th create or write(2) of the file writer from now fails with errno "

@@ -232,12 +232,14 @@ def _raise_named(error: OSError, path: str, what: str) -> NoReturn:
 
 
 class FileStatus(NamedTuple):
-    """What ``os.fstat`` said of a written file: the fields that survive its rename."""
+    """What ``os.fstat`` said of a written file (the fields that survive its rename), and its
+    inode's generation (``_core.inode_generation``: -1 where the filesystem reports none)."""
 
     st_size: int
     st_ino: int
     st_mtime_ns: int
     st_ctime_ns: int
+    st_gen: int = -1
 
 
 class WrittenFile:
@@ -347,10 +349,12 @@ class WrittenFile:
                 raise self._error
             if self._ticket is None:
                 raise RuntimeError(f"{self.path}: aborted before it was written")
-            error, step, size, inode, mtime_ns, ctime_ns = _writer("write").wait(self._ticket)
+            error, step, size, inode, mtime_ns, ctime_ns, generation = _writer("write").wait(
+                self._ticket
+            )
             self._ticket = None
             if not error:
-                self._status = FileStatus(size, inode, mtime_ns, ctime_ns)
+                self._status = FileStatus(size, inode, mtime_ns, ctime_ns, generation)
                 self._chunks = None
                 break
             if step == _CREATE:

@@ -17,6 +17,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from tokenmill import _core
+from tokenmill.common.atomic import FileStatus
 from tokenmill.common.mapping import map_readonly, open_readonly, resource_error
 from tokenmill.errors import DataFormatError, ResourceLimitError
 from tokenmill.formats.validate import check_npy_extent
@@ -71,9 +73,10 @@ def load_npy(path: str | os.PathLike[str]) -> npt.NDArray[Any]:
     return _load(path, False)[0]
 
 
-def load_npy_and_status(path: str | os.PathLike[str]) -> tuple[npt.NDArray[Any], os.stat_result]:
-    """:func:`load_npy`, with the ``fstat`` of the file it read (one more system call for
-    arrays that are read, none for mapped ones): size, mtime and inode of exactly those bytes."""
+def load_npy_and_status(path: str | os.PathLike[str]) -> tuple[npt.NDArray[Any], FileStatus]:
+    """:func:`load_npy`, with the ``fstat`` of the file it read and its inode's generation (one
+    ``ioctl``; one more ``fstat`` for arrays that are read, none for mapped ones): size, mtime,
+    inode and generation of exactly those bytes."""
     array, status = _load(path, True)
     assert status is not None
     return array, status
@@ -81,7 +84,7 @@ def load_npy_and_status(path: str | os.PathLike[str]) -> tuple[npt.NDArray[Any],
 
 def _load(
     path: str | os.PathLike[str], want_status: bool
-) -> tuple[npt.NDArray[Any], os.stat_result | None]:
+) -> tuple[npt.NDArray[Any], FileStatus | None]:
     """A read-only ``.npy`` array (pickled object arrays are refused): memory-mapped when larger
     than :data:`READ_BELOW` bytes, read otherwise. No file descriptor stays open either way (see
     `tokenmill.common.mapping`).
@@ -122,6 +125,16 @@ def _load(
             check_npy_extent(path, header_end, offset, nbytes, status.st_size, shape, dtype)
             mapping = map_readonly(descriptor, offset + nbytes, path)
             flat = np.frombuffer(mapping, dtype=dtype, count=count, offset=offset)
+        file_status = None
+        if want_status:
+            assert status is not None
+            file_status = FileStatus(
+                status.st_size,
+                status.st_ino,
+                status.st_mtime_ns,
+                status.st_ctime_ns,
+                _core.inode_generation(descriptor),
+            )
     except (FileNotFoundError, PermissionError, ResourceLimitError, DataFormatError):
         raise
     except OSError as error:
@@ -138,4 +151,4 @@ def _load(
     array = flat.reshape(shape[::-1]).T if fortran else flat.reshape(shape)
     array.flags.writeable = False
     result: npt.NDArray[Any] = array
-    return result, status
+    return result, file_status

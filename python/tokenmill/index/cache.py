@@ -307,7 +307,7 @@ class IndexCache:
         the values (`cache_checks`) unless `check_values` is False (a rank that trusts the
         builders' verdict: they checked the values when they built or loaded the entry, and a
         committed entry is never rewritten). `statuses`, if given, receives each array file's size,
-        mtime and inode (`fingerprint.array_status`).
+        mtime, inode and generation (`fingerprint.array_status`).
 
         Returns:
             (arrays, []) on a valid hit, or (None, problems) naming each missing or bad file.
@@ -417,8 +417,8 @@ class IndexCache:
         concurrent builder renames the same bytes, and a reader that opened a file keeps it.
 
         `vouch`: every value of `arrays` is valid (checked, or kernel-built); the fingerprint
-        sidecar then records each array file (size, mtime, inode) so later loads of these very
-        files skip the value checks. `fingerprint_made_here`: `fingerprint` comes from
+        sidecar then records each array file (size, mtime, inode, generation) so later loads of
+        these very files skip the value checks. `fingerprint_made_here`: `fingerprint` comes from
         `fingerprint.fingerprint_prefixes` (its structure is not checked again).
         """
         if not batch_holds(self.directory):  # a batch's later entries: made by its first

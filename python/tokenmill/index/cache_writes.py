@@ -212,8 +212,8 @@ def write_entry(
     them).
 
     `vouch`: every value of `arrays` is valid (checked, or built by tokenmill's own kernels);
-    the fingerprint then records each array file's size, mtime and inode (a rename keeps all
-    three), so later loads of these very files skip the value checks
+    the fingerprint then records each array file's size, mtime, inode and generation (a rename
+    keeps them all), so later loads of these very files skip the value checks
     (`fingerprint.vouches_for`). `fingerprint_made_here`: see IndexCache.save.
     """
     background = batch_active()

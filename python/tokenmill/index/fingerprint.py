@@ -25,10 +25,10 @@ The sidecar ``<hash>-<Class>-<split>-data.tokenmill.json`` holds::
                                ".idx": {...}}}}
 
 An entry tokenmill built also records its array files, ``"arrays": {"<name>": {"size": ...,
-"mtime_ns": ..., "inode": ...}}``: the builder checked every value before writing them, so a later
-load that finds these very files (:func:`vouches_for`) skips the value checks. Where the
-filesystem sets mtimes at write-back (NFS), the record may not match and the values are checked:
-slower, never wrong.
+"mtime_ns": ..., "inode": ..., "generation": ...}}`` (the inode's generation where the filesystem
+reports one): the builder checked every value before writing them, so a later load that finds
+these very files (:func:`vouches_for`) skips the value checks. Where the filesystem sets mtimes at
+write-back (NFS), the record may not match and the values are checked: slower, never wrong.
 
 Rules (see :func:`stale_reasons`):
 
@@ -58,6 +58,7 @@ from tokenmill.errors import DataFormatError
 
 __all__ = [
     "ARRAY_FIELDS",
+    "ARRAY_GENERATION",
     "DATA_SUFFIXES",
     "FINGERPRINT_SUFFIX",
     "FORMAT",
@@ -293,33 +294,58 @@ def _current_against(
 
 
 ARRAY_FIELDS = ("size", "mtime_ns", "inode")
-"""Fields of each entry of a sidecar's optional ``arrays`` record (see :func:`vouches_for`)."""
+"""Fields of each entry of a sidecar's optional ``arrays`` record (see :func:`vouches_for`),
+besides the optional ``generation`` (:data:`ARRAY_GENERATION`)."""
+
+ARRAY_GENERATION = "generation"
+"""The optional field of an ``arrays`` entry: the inode's generation, where the filesystem
+reports one (``_core.inode_generation``; absent in records of older tokenmill)."""
 
 
-def array_status(status: os.stat_result | FileStatus) -> dict[str, int]:
-    """The ``arrays`` record of one cached array file, from its ``stat``."""
-    return {
+def array_status(status: FileStatus) -> dict[str, int]:
+    """The ``arrays`` record of one cached array file, from its status (with the inode's
+    generation when the filesystem reported one)."""
+    record = {
         "size": int(status.st_size),
         "mtime_ns": int(status.st_mtime_ns),
         "inode": int(status.st_ino),
     }
+    if status.st_gen >= 0:
+        record[ARRAY_GENERATION] = int(status.st_gen)
+    return record
 
 
 def vouches_for(recorded: Mapping[str, Any] | None, current: Mapping[str, dict[str, int]]) -> bool:
     """Whether a sidecar's ``arrays`` record names exactly the files now in place.
 
     The builder that wrote the sidecar checked every value of the arrays it built (or built them
-    with tokenmill's own kernels) and recorded, for each array file it wrote, its size, mtime
-    and inode (a rename keeps all three). The same
-    three now mean the same file, unmodified since (a rewrite changes the mtime, a replacement
-    the inode): its values need no second check. Anything else (no record, an entry adopted from
-    megatron-core, racing builders whose files and sidecar come from different writers) means
-    check them.
+    with tokenmill's own kernels) and recorded, for each array file it wrote, its size, mtime,
+    inode and (where the filesystem reports one) the inode's generation; a rename keeps them
+    all. The same values now mean the same file, unmodified since: a rewrite changes the mtime,
+    a replacement the inode, and a replacement that was given the freed number of the original
+    inode within one tick of the clock (the same mtime) a new generation. Its values need no
+    second check. Anything else (no record, an entry adopted from megatron-core, racing builders
+    whose files and sidecar come from different writers, a generation recorded but not readable
+    now) means check them. A record without generations (older tokenmill) is compared on the
+    other fields.
     """
     arrays = recorded.get("arrays") if recorded is not None else None
     if not isinstance(arrays, dict) or not current:
         return False
-    return all(arrays.get(name) == status for name, status in current.items())
+    for name, status in current.items():
+        record = arrays.get(name)
+        if record == status:
+            continue
+        if (
+            isinstance(record, dict)
+            and ARRAY_GENERATION not in record
+            and ARRAY_GENERATION in status
+            and all(record.get(field) == status[field] for field in ARRAY_FIELDS)
+            and len(record) == len(ARRAY_FIELDS)
+        ):
+            continue  # recorded before generations were
+        return False
+    return True
 
 
 def _is_count(value: Any) -> bool:
@@ -329,6 +355,7 @@ def _is_count(value: Any) -> bool:
 
 _ABSENT = object()
 _ARRAY_FIELD_SET = frozenset(ARRAY_FIELDS)
+_ARRAY_FIELD_SET_WITH_GENERATION = frozenset((*ARRAY_FIELDS, ARRAY_GENERATION))
 _DATA_SUFFIX_SET = frozenset(DATA_SUFFIXES)
 _ALL_FILE_FIELDS = (*_FILE_FIELDS, *_IDENTITY_FIELDS)
 
@@ -364,12 +391,21 @@ def _validate(payload: Any, path: str) -> None:
         if not isinstance(arrays, dict):
             raise DataFormatError(f"{path}: 'arrays' must be an object, got {arrays!r:.80}")
         for name, entry in arrays.items():
-            if not isinstance(entry, dict) or entry.keys() != _ARRAY_FIELD_SET:
+            if not isinstance(entry, dict) or (
+                entry.keys() != _ARRAY_FIELD_SET
+                and entry.keys() != _ARRAY_FIELD_SET_WITH_GENERATION
+            ):
                 raise DataFormatError(
-                    f"{path}: arrays[{name!r}] must map {list(ARRAY_FIELDS)} to integers, "
-                    f"got {entry!r:.80}"
+                    f"{path}: arrays[{name!r}] must map {list(ARRAY_FIELDS)} (and optionally "
+                    f"{ARRAY_GENERATION!r}) to integers, got {entry!r:.80}"
                 )
-            _check_fields(entry, ARRAY_FIELDS, ("arrays[{!r}]{}", name, ""), path)
+            _check_fields(
+                entry,
+                (*ARRAY_FIELDS, ARRAY_GENERATION),
+                ("arrays[{!r}]{}", name, ""),
+                path,
+                optional=(ARRAY_GENERATION,),
+            )
     datasets = payload.get("datasets")
     if not isinstance(datasets, dict):
         raise DataFormatError(f"{path}: 'datasets' must be an object, got {datasets!r:.80}")

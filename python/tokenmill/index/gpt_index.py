@@ -47,6 +47,13 @@ _SEPARATE_FINAL_EPOCH_THRESHOLD = 0.80
 
 def as_document_ids(indices: npt.ArrayLike, name: str = "indexed_indices") -> npt.NDArray[np.int32]:
     """The split's document ids as a C-contiguous int32 array (range-checked)."""
+    if (
+        type(indices) is np.ndarray
+        and indices.dtype == np.int32
+        and indices.ndim == 1
+        and indices.flags.c_contiguous
+    ):
+        return indices  # megatron's split ranges: called several times per dataset at build
     array = np.asarray(indices)
     if array.ndim != 1:
         raise ValueError(f"{name} must be 1-D, got shape {array.shape}")
