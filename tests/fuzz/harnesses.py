@@ -339,12 +339,15 @@ def _packing_fixture() -> dict[str, Any]:
         path_to_cache=str(directory / "cache"),
     )  # fmt: skip
     dataset = PackedDataset(IndexedDataset(prefix), config)
+    # the same plan over the unmapped source: PackedDataset's Python row path (_row_arrays)
+    unmapped = PackedDataset(IndexedDataset(prefix, mmap=False), config)
     cache = IndexCache.create(
         config.path_to_cache, dataset.unique_description_hash, "PackedDataset", "plan",
         dataset.unique_description, ("entries", "row_offsets", "row_order"),
     )  # fmt: skip
     fixture = {
         "dataset": dataset,
+        "unmapped": unmapped,
         "cache": cache,
         "files": {name: cache.array_path(name).read_bytes() for name in cache.array_names},
     }
@@ -356,9 +359,10 @@ def packing_plan(data: bytes) -> bool:
     """A cached packing plan with one fuzzed array (`entries`, `row_offsets`, `row_order`): a
     non-building rank's load (the specs and value checks PackedDataset uses) refuses it with
     CacheError or DataFormatError, or the plan it accepts serves every row, one by one and
-    batched, or raises IndexError / DataFormatError (never reads out of bounds). The fixture's
-    source is a mapped IndexedDataset, so both go through the C++ packed gather; PackedDataset's
-    Python row path (`_row_arrays`, for other sources) is not exercised here."""
+    batched, or raises IndexError / DataFormatError (never reads out of bounds). Each row is
+    served by the C++ packed gather (the fixture's mapped source) and by PackedDataset's Python
+    row path (`_row_arrays`, the same plan over an unmapped source): both raise, or both give
+    the same row."""
     from tokenmill.index.cache import ArraySpec
     from tokenmill.index.cache_checks import packing_checks
 
@@ -383,14 +387,28 @@ def packing_plan(data: bytes) -> bool:
         arrays, _ = cache.load_or_build(_never_build, specs, may_build=False, data_check="off")
     except (CacheError, DataFormatError):
         return False
-    dataset = fixture["dataset"]
-    dataset.entries = arrays["entries"]
-    dataset.row_offsets = arrays["row_offsets"]
-    dataset.row_order = arrays["row_order"]
+    dataset, unmapped = fixture["dataset"], fixture["unmapped"]
+    for served in (dataset, unmapped):
+        served.entries = arrays["entries"]
+        served.row_offsets = arrays["row_offsets"]
+        served.row_order = arrays["row_order"]
     count = min(len(dataset), _MAX_SAMPLES)  # every row: a corrupt entry may be in the last
     for row in range(count):
-        with contextlib.suppress(IndexError, CacheError, DataFormatError):
-            dataset[row]
+        rows = []
+        for served in (dataset, unmapped):
+            try:
+                rows.append(served[row])
+            except (IndexError, CacheError, DataFormatError) as error:
+                rows.append(type(error))
+        gathered, python = rows
+        if isinstance(gathered, dict) and isinstance(python, dict):
+            differ = [key for key in gathered if not np.array_equal(gathered[key], python[key])]
+            if differ:
+                raise AssertionError(f"row {row}: the C++ and Python paths differ in {differ}")
+        elif isinstance(gathered, dict) or isinstance(python, dict):
+            raise AssertionError(
+                f"row {row}: C++ path {gathered!r:.60}, Python path {python!r:.60}"
+            )
     if count:
         with contextlib.suppress(IndexError, CacheError, DataFormatError):
             dataset.__getitems__(list(range(count)))

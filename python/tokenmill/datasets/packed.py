@@ -310,21 +310,53 @@ class PackedDataset:
         doc_ids = np.zeros(length, dtype=np.int32)
         cu_seqlens = np.full(config.max_documents_per_row + 1, length, dtype=np.int32)
         cu_seqlens[0] = 0
+        if not 0 <= begin <= end <= len(self.entries) or end - begin > config.max_documents_per_row:
+            raise IndexError(
+                f"{self.dataset_path}: packing plan row_offsets[{row}:{row + 2}] = [{begin}, {end}] "
+                f"is not a range of at most {config.max_documents_per_row} of the plan's "
+                f"{len(self.entries)} entries"
+            )
         position = 0
+        documents = len(self.dataset.sequence_lengths)
+        # the C++ gather's checks and meaning, entry for entry (csrc/packing.cpp: check_entry): a
+        # corrupt cached plan raises IndexError naming the entry on both paths, never a numpy
+        # error, a wrapped-around index or a row of other tokens
         for number, (document, offset, size, masked, flags) in enumerate(
             self.entries[begin:end].tolist()
         ):
-            start = position
-            if flags & INSERTED_BOS:
-                assert config.bos_token_id is not None
-                input_ids[position] = config.bos_token_id
-                position += 1
+            entry = begin + number
+            if not 0 <= document < documents:
+                raise IndexError(
+                    f"{self.dataset_path}: packing plan entries[{entry}, 0] (document) = "
+                    f"{document} is not a document id in [0, {documents})"
+                )
             document_length = int(self.dataset.sequence_lengths[document])
+            inserted = 1 if flags & INSERTED_BOS else 0
+            if offset < 0 or size < 0 or offset > document_length:
+                raise IndexError(
+                    f"{self.dataset_path}: packing plan entry {entry} points outside its "
+                    f"document: offset {offset}, length {size}, document {document} has "
+                    f"{document_length} tokens"
+                )
+            if size > document_length - offset or size + inserted > length - position:
+                raise IndexError(
+                    f"{self.dataset_path}: packing plan entry {entry} points outside its "
+                    f"document or row: offset {offset}, length {size}"
+                    f"{' plus an inserted BOS' if inserted else ''}, document {document} has "
+                    f"{document_length} tokens, {length - position} tokens of the row left"
+                )
+            start = position
+            if inserted:
+                # as the C++ gather: -1 when no BOS id is configured (a plan built with one)
+                bos = config.bos_token_id
+                input_ids[position] = -1 if bos is None else bos
+                position += 1
             available = min(size + 1, document_length - offset)  # one more token for the label
             tokens = np.asarray(self.dataset.get(document, offset=offset, length=available))
             input_ids[position : position + size] = tokens[:size]
             labels[position : position + available - 1] = tokens[1:available]
-            labels[position : position + masked] = ignore
+            # the first `masked` labels ignored; a negative count masks none (as in C++)
+            labels[position : position + min(max(masked, 0), size)] = ignore
             position += size
             doc_ids[start:position] = number
             if config.reset_position_ids:
