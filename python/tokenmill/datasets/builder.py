@@ -321,11 +321,16 @@ class BlendedMegatronDatasetBuilder:
                         normalize(list(normalized)), _sum_or_zero([r[i] for r in targets])
                     )
 
+        # Alone (no process group), the members' entries and the blends' are committed together:
+        # one syncfs for all, where the blend's few files would be fsynced apart after the
+        # members' syncfs. Under torch.distributed each collective follows its own commit.
+        together = contextlib.nullcontext() if distributed.is_initialized() else deferred_commits()
         try:
-            members = self._build_megatron_datasets_parallel(
-                prefixes, split, per_dataset, blending_ahead
-            )
-            return self._blend_members(members, prefixes, normalized, targets, split, sizes)
+            with together:
+                members = self._build_megatron_datasets_parallel(
+                    prefixes, split, per_dataset, blending_ahead
+                )
+                return self._blend_members(members, prefixes, normalized, targets, split, sizes)
         finally:
             discard_ahead()
 
