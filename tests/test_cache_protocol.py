@@ -277,13 +277,8 @@ def test_a_trusting_rank_skips_value_checks_but_not_the_structure(
         open_as_trusting_rank()
 
 
-def test_the_builder_rechecks_values_only_of_files_its_sidecar_does_not_vouch_for(
-    shard: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    from tokenmill.index import fingerprint
-
-    built = build(shard, make_config(tmp_path / "cache"))
-    forbid_builds(monkeypatch)
+def _count_value_checks(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """A list that gains "values" at each value check of a cache load."""
     checked: list[str] = []
     real = cache_module.cache_checks.value_problems
 
@@ -292,6 +287,17 @@ def test_the_builder_rechecks_values_only_of_files_its_sidecar_does_not_vouch_fo
         return list(real(arrays, checks, full, path_of))
 
     monkeypatch.setattr(cache_module.cache_checks, "value_problems", counting)
+    return checked
+
+
+def test_the_builder_rechecks_values_only_of_files_its_sidecar_does_not_vouch_for(
+    shard: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tokenmill.index import fingerprint
+
+    built = build(shard, make_config(tmp_path / "cache"))
+    forbid_builds(monkeypatch)
+    checked = _count_value_checks(monkeypatch)
     # the very files the builder checked and recorded: no second check
     assert_same_arrays(build(shard, make_config(tmp_path / "cache")), built)
     assert checked == []
@@ -332,14 +338,7 @@ def test_a_reused_inode_number_is_caught_by_its_generation(
         pytest.skip(f"the filesystem of {tmp_path} reports no inode generations")
     built = build(shard, make_config(tmp_path / "cache"))
     forbid_builds(monkeypatch)
-    checked: list[str] = []
-    real = cache_module.cache_checks.value_problems
-
-    def counting(arrays: Any, checks: Any, full: bool, path_of: Any) -> list[str]:
-        checked.append("values")
-        return list(real(arrays, checks, full, path_of))
-
-    monkeypatch.setattr(cache_module.cache_checks, "value_problems", counting)
+    checked = _count_value_checks(monkeypatch)
     (sidecar,) = tmp_path.glob("cache/*-data.tokenmill.json")
     payload = fingerprint.read_fingerprint(sidecar)
     assert payload is not None
