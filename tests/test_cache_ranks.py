@@ -8,7 +8,8 @@
   completes over the leftovers), locks that raise ENOLCK, locks that are silently node-local
   (two "nodes" whose builders both hold "the" lock), and two jobs building the same entries at
   once. Every rank of a completed job ends with the same samples as a single-process build,
-  and a watcher process checks that no committed file ever disappears.
+  a watcher process checks that no committed file ever disappears, and no file committed
+  before a round is rewritten or renamed over by it (inode, mtime, size, sha256).
 
 Ranks are forked from the test process (torch and tokenmill already imported), so a round costs
 process creation and a gloo rendezvous, not 16 interpreter start-ups.
@@ -27,6 +28,7 @@ import pytest
 from rank_jobs import (
     FORK,
     build_datasets,
+    committed_files,
     finish_ranks,
     make_job,
     samples_digest,
@@ -89,6 +91,8 @@ def test_sixteen_ranks_kills_broken_and_local_locks_and_two_jobs(
     ]  # fmt: skip
     try:
         for jobs in rounds:
+            # what was committed before the round is neither removed nor rewritten by it
+            committed_before = committed_files(cache)
             running = [(job, start_ranks(job)) for job in jobs]
             for job, processes in running:
                 outcomes = finish_ranks(job, processes)
@@ -103,6 +107,11 @@ def test_sixteen_ranks_kills_broken_and_local_locks_and_two_jobs(
                 digests = {o["digest"] for o in outcomes.values() if o is not None}
                 assert len(digests) == 1, f"{job['out']}: ranks disagree"
                 completed.setdefault(job["seed"], set()).update(digests)
+            committed = committed_files(cache)
+            changed = [
+                name for name, record in committed_before.items() if committed.get(name) != record
+            ]
+            assert not changed, f"{[job['out'] for job in jobs]}: committed files changed"
     finally:
         Path(stop).touch()
         watcher.join(30)
