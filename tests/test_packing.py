@@ -404,6 +404,66 @@ def test_gather_checks_indices_and_plans(tmp_path: Path) -> None:
         dataset[0]
 
 
+@pytest.mark.parametrize(
+    ("column", "value", "message"),
+    [
+        (0, 99, r"entries\[\d+, 0\] \(document\) = 99 is not a document id in \[0, 3\)"),
+        (0, -1, r"entries\[\d+, 0\] \(document\) = -1 is not a document id"),
+        (1, -2, r"points outside its document: offset -2"),
+        (2, 99, r"points outside its document or row: offset \d+, length 99"),
+    ],
+)
+def test_the_python_row_path_refuses_a_corrupt_plan_as_the_gather_does(
+    tmp_path: Path, column: int, value: int, message: str
+) -> None:
+    """A source that is not mapped is served by `_row_arrays`: each corrupt entry of a cached plan
+    raises IndexError naming it, as the C++ gather does for a mapped source."""
+    path = shard_with(tmp_path, [[1, 2, 0], [3, 0], [4, 5, 6, 0]])
+    config = PackingConfig(sequence_length=4)
+    served = [PackedDataset(IndexedDataset(path, mmap=mmap), config) for mmap in (False, True)]
+    for dataset in served:
+        dataset.entries = dataset.entries.copy()
+        dataset.entries[:, column] = value
+    python, gathered = served
+    with pytest.raises(IndexError, match=message):
+        python[0]
+    with pytest.raises(IndexError):
+        gathered[0]
+
+
+def test_the_python_row_path_agrees_with_the_gather_on_odd_entries(tmp_path: Path) -> None:
+    """Entries that are odd but servable (an inserted-BOS flag with no BOS id configured, a
+    negative or oversized masked count) give the same row on both paths; a row holding more
+    entries than max_documents_per_row is refused by both."""
+    path = shard_with(tmp_path, [[1, 2, 0], [3, 0], [4, 5, 6, 0]])
+    config = PackingConfig(sequence_length=8, max_documents_per_row=2)
+    served = [PackedDataset(IndexedDataset(path, mmap=mmap), config) for mmap in (False, True)]
+    original = served[0].entries.copy()
+    assert np.array_equal(original, served[1].entries) and len(original) > 2
+    for change in ({3: -5}, {3: 50}, {4: 1}):
+        entries = original.copy()
+        for column, value in change.items():
+            entries[:, column] = value
+        entries[:, 2] = np.minimum(entries[:, 2], 1)  # room in every row for an inserted BOS
+        rows = []
+        for dataset in served:
+            dataset.entries = entries
+            rows.append([dataset[i] for i in range(len(dataset))])
+        python, gathered = rows
+        for row, other in zip(python, gathered):
+            for key in row:
+                np.testing.assert_array_equal(row[key], other[key], err_msg=f"{change} {key}")
+    first = int(np.flatnonzero(served[0].row_order == 0)[0])
+    for dataset in served:
+        dataset.entries = original
+        dataset.row_offsets = dataset.row_offsets.copy()
+        dataset.row_offsets[1:] = len(original)  # the first row holds every entry
+    with pytest.raises(IndexError, match="of at most 2 of the plan's"):
+        served[0][first]
+    with pytest.raises(IndexError):
+        served[1][first]
+
+
 def test_served_rows_land_in_the_rows_asked_for(tmp_path: Path) -> None:
     """`fill_batch` with `rows` (the Servable protocol's scatter, as a blend uses it) writes each
     row where it is asked; batches come from reused buffers without changing values; the dataset
