@@ -334,17 +334,11 @@ def vouches_for(recorded: Mapping[str, Any] | None, current: Mapping[str, dict[s
         return False
     for name, status in current.items():
         record = arrays.get(name)
-        if record == status:
-            continue
-        if (
-            isinstance(record, dict)
-            and ARRAY_GENERATION not in record
-            and ARRAY_GENERATION in status
-            and all(record.get(field) == status[field] for field in ARRAY_FIELDS)
-            and len(record) == len(ARRAY_FIELDS)
-        ):
-            continue  # recorded before generations were
-        return False
+        if isinstance(record, dict) and ARRAY_GENERATION not in record:
+            # recorded before generations were: compare the other fields
+            status = {field: value for field, value in status.items() if field != ARRAY_GENERATION}
+        if record != status:
+            return False
     return True
 
 
