@@ -116,6 +116,55 @@ int64_t inode_generation(int descriptor) noexcept {
   return -1;
 }
 
+OpenedForRead open_for_read(const std::string& path, bool want_generation) noexcept {
+  OpenedForRead opened;
+  do {
+    opened.descriptor = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  } while (opened.descriptor < 0 && errno == EINTR);
+  if (opened.descriptor < 0) {
+    opened.error = errno;
+    opened.step = FileStep::open;
+    return opened;
+  }
+  struct stat status;
+  if (::fstat(opened.descriptor, &status) != 0) {
+    opened.error = errno;
+    opened.step = FileStep::status;
+    close_read(opened.descriptor);
+    opened.descriptor = -1;
+    return opened;
+  }
+  opened.size = static_cast<uint64_t>(status.st_size);
+  opened.inode = static_cast<uint64_t>(status.st_ino);
+  opened.mtime_ns =
+      static_cast<int64_t>(status.st_mtim.tv_sec) * 1000000000LL + status.st_mtim.tv_nsec;
+  opened.ctime_ns =
+      static_cast<int64_t>(status.st_ctim.tv_sec) * 1000000000LL + status.st_ctim.tv_nsec;
+  if (want_generation) opened.generation = inode_generation(opened.descriptor);
+  return opened;
+}
+
+ReadOutcome read_and_close(int descriptor, char* buffer, size_t capacity) noexcept {
+  ReadOutcome outcome;
+  while (outcome.done < capacity) {
+    ssize_t got = ::pread(descriptor, buffer + outcome.done, capacity - outcome.done,
+                          static_cast<off_t>(outcome.done));
+    if (got < 0 && errno == EINTR) continue;
+    if (got < 0) {
+      outcome.error = errno;
+      break;
+    }
+    if (got == 0) break;
+    outcome.done += static_cast<size_t>(got);
+  }
+  close_read(descriptor);
+  return outcome;
+}
+
+void close_read(int descriptor) noexcept {
+  ::close(descriptor);  // read-only: close reports nothing deferred
+}
+
 FileWriteOutcome write_file(const std::string& path, const std::vector<FileChunk>& chunks,
                             bool sync) noexcept {
   Fault fault = injected(FileStep::create);

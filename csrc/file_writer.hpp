@@ -111,6 +111,31 @@ FileWriteOutcome sync_file(const std::string& path) noexcept;
 // with the inode number, it names one file even where the number was freed and reused.
 int64_t inode_generation(int descriptor) noexcept;
 
+// A small file read whole, in two steps so the caller can allocate the buffer in between
+// (the bindings: a Python bytes object of the file's size, read into directly, one copy and one
+// allocation): what a warm start does for each of the five or so small files behind every cache
+// entry (three arrays, the description, the data fingerprint) and each source's .idx.
+struct OpenedForRead {
+  int error = 0;                   // errno of the failed step, 0 on success
+  FileStep step = FileStep::none;  // open or status
+  int descriptor = -1;             // open (close it with read_and_close or close_read)
+  uint64_t size = 0;
+  uint64_t inode = 0;
+  int64_t mtime_ns = 0;
+  int64_t ctime_ns = 0;
+  int64_t generation = -1;  // only with want_generation
+};
+OpenedForRead open_for_read(const std::string& path, bool want_generation) noexcept;
+
+struct ReadOutcome {
+  int error = 0;  // errno of the failed read
+  size_t done = 0;
+};
+// Read from offset 0 until `capacity` bytes or end of file (a caller that asks for one byte
+// more than the size fstat reported sees a file that grew since as longer), then close.
+ReadOutcome read_and_close(int descriptor, char* buffer, size_t capacity) noexcept;
+void close_read(int descriptor) noexcept;
+
 // Flush every file of the filesystem that holds the open `descriptor` (Linux syncfs(2)): the
 // durability step of a large batch, one call where a fsync per file would each wait for a
 // journal commit. Returns 0 or errno (ENOSYS where the system has no syncfs). From Linux 5.8 on,

@@ -79,6 +79,58 @@ def test_inode_generation_is_the_kernels_or_minus_one(tmp_path: Path) -> None:
     assert _core.inode_generation(10**6) == -1  # not a descriptor: unknown, never a crash
 
 
+@settings(max_examples=60, deadline=None)
+@given(content=st.binary(max_size=3000), limit=st.integers(0, 3000))
+def test_read_small_file_reads_the_whole_file_with_its_status(
+    tmp_path_factory: pytest.TempPathFactory, content: bytes, limit: int
+) -> None:
+    """The one-call read of the warm path: the bytes of the whole file when it is at most
+    `limit` bytes (None above), and the fstat of the descriptor it read them through."""
+    from tokenmill import _core
+
+    path = tmp_path_factory.mktemp("read") / "file"
+    path.write_bytes(content)
+    error, step, data, size, inode, mtime_ns, ctime_ns, generation = _core.read_small_file(
+        str(path), limit, True
+    )
+    status = path.stat()
+    assert (error, step) == (0, 0)
+    assert data == (content if len(content) <= limit else None)
+    assert (size, inode, mtime_ns, ctime_ns) == (
+        status.st_size,
+        status.st_ino,
+        status.st_mtime_ns,
+        status.st_ctime_ns,
+    )
+    assert generation == _generation_of(path)
+    assert _core.read_small_file(str(path), limit)[7] == -1  # the ioctl only when asked
+
+
+def test_read_small_file_reports_errors_as_values(tmp_path: Path) -> None:
+    from tokenmill import _core
+
+    missing = _core.read_small_file(str(tmp_path / "missing"), 100)
+    assert missing[:3] == (errno.ENOENT, OPEN, None)
+    directory = _core.read_small_file(str(tmp_path), 1 << 20)  # opens, then the read fails
+    assert directory[:3] == (errno.EISDIR, WRITE, None)
+    if os.geteuid() != 0:  # root reads anything
+        locked = tmp_path / "locked"
+        locked.write_bytes(b"x")
+        locked.chmod(0)
+        assert _core.read_small_file(str(locked), 100)[:2] == (errno.EACCES, OPEN)
+
+
+def test_read_small_file_sees_a_file_longer_than_its_status(tmp_path: Path) -> None:
+    """The read asks for one byte more than fstat reported: a file that grew between the two
+    shows as longer than its size (readers refuse it), never silently cut. /proc files report
+    size 0 and hold more."""
+    from tokenmill import _core
+
+    error, _, data, size, *_ = _core.read_small_file("/proc/self/stat", 100)
+    assert error == 0 and size == 0
+    assert data is not None and len(data) == 1
+
+
 def test_errors_are_outcomes_naming_the_step(writer: FileWriter, tmp_path: Path) -> None:
     (tmp_path / "taken").write_bytes(b"old")
     assert writer.wait(writer.submit_write(str(tmp_path / "taken"), [b"new"]))[:2] == (

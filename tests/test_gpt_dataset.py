@@ -407,12 +407,16 @@ def test_description_is_megatrons_json_text(entries: list[tuple[str, Any]]) -> N
     exactly json.dumps(indent=4) (the cache key megatron-core computes), twice over."""
     from collections import OrderedDict
 
-    from tokenmill.datasets.megatron_dataset import describe
+    from tokenmill.datasets.megatron_dataset import describe, describe_compact
 
     identifiers = OrderedDict(entries)
     expected = json.dumps(identifiers, indent=4)
     assert describe(identifiers)[0] == expected
     assert describe(identifiers)[0] == expected
+    # the compact text a dataset keeps (described_text) is json.dumps's, though made from parts
+    description, digest, compact = describe_compact(identifiers)
+    assert (description, digest) == describe(identifiers)
+    assert compact == json.dumps(identifiers, separators=(",", ":"))
 
 
 def test_blend_description_reuses_its_members_texts_only_while_they_hold(

@@ -23,7 +23,7 @@ import numpy.typing as npt
 from tokenmill.datasets.config import BlendedMegatronDatasetConfig
 from tokenmill.datasets.utils import Split
 
-__all__ = ["PAD_TOKEN_ID", "MegatronDataset", "describe", "described_text"]
+__all__ = ["PAD_TOKEN_ID", "MegatronDataset", "describe", "describe_compact", "described_text"]
 
 PAD_TOKEN_ID = -1
 """megatron-core's pad id when the tokenizer has none (never a real token)."""
@@ -87,6 +87,15 @@ def describe(
         }
         if usable:
             return _describe_with_known(identifiers, usable)
+    description, digest, _ = describe_compact(identifiers)
+    return description, digest
+
+
+def describe_compact(identifiers: dict[str, Any]) -> tuple[str, str, str]:
+    """:func:`describe` (without `known`), and the compact JSON of `identifiers` (`_compact`),
+    which a dataset keeps to see later whether its identifiers still hold (`described_text`):
+    made from the compact text of the config's part that describe() encodes anyway, not by a
+    third encoding."""
     items = list(identifiers.items())
     head = 0  # the leading entries with scalar values (class, path, samples, split)
     while (
@@ -97,6 +106,7 @@ def describe(
         head += 1
     if head == len(items):
         description = json.dumps(identifiers, indent=4, default=_identifiers_of)
+        compact = _compact(identifiers)
     else:
         tail = dict(items[head:])
         key = _compact(tail)
@@ -108,10 +118,13 @@ def describe(
                 if len(_INDENTED_TAILS) >= _MAX_CACHED_TAILS:  # many configs in one process
                     _INDENTED_TAILS.clear()
                 _INDENTED_TAILS[key] = indented
-        lines = [f"    {json.dumps(name)}: {json.dumps(value)}" for name, value in items[:head]]
+        encoded = [(json.dumps(name), json.dumps(value)) for name, value in items[:head]]
+        lines = [f"    {name}: {value}" for name, value in encoded]
         description = "{\n" + ",\n".join([*lines, indented]) + "\n}"
+        # a scalar's JSON has no separators to compact: the head's entries, then the tail's
+        compact = "{" + "".join(f"{name}:{value}," for name, value in encoded) + key[1:]
     digest = hashlib.md5(description.encode("utf-8"), usedforsecurity=False).hexdigest()
-    return description, digest
+    return description, digest, compact
 
 
 def _describe_with_known(
@@ -199,9 +212,11 @@ class MegatronDataset(ABC):
         for attribute in self._key_config_attributes():
             self.unique_identifiers[attribute] = getattr(self.config, attribute)
         self._extend_identifiers(self.unique_identifiers)
-        self.unique_description, self.unique_description_hash = describe(self.unique_identifiers)
+        self.unique_description, self.unique_description_hash, compact = describe_compact(
+            self.unique_identifiers
+        )
         # what was described, for a blend of this dataset (`described_text`)
-        self._described = (_compact(self.unique_identifiers), self.unique_description)
+        self._described = (compact, self.unique_description)
         self._pad_token_id = resolve_pad_token_id(config)
 
     def _extend_identifiers(self, identifiers: OrderedDict[str, Any]) -> None:  # noqa: B027

@@ -19,7 +19,8 @@ import struct
 import numpy
 import numpy.typing as npt
 
-from tokenmill.common.mapping import read_or_map, resource_error
+from tokenmill import _core
+from tokenmill.common.mapping import READ_BELOW, read_or_map, resource_error
 from tokenmill.errors import DataFormatError
 
 __all__ = [
@@ -200,53 +201,32 @@ class _IndexReader:
     ) -> None:
         self.idx_path = idx_path
         try:
-            # raw descriptor calls: a Python file object adds four system calls per open, and a
-            # blend opens thousands of these
-            with _RawFile(idx_path) as stream:
-                file_size = os.fstat(stream.fileno()).st_size
-                if sequences_per_dataset:
-                    # fast_cache_load: the caller already knows the counts, skip reading the header
-                    if dtype_code is None:
-                        raise ValueError(
-                            f"{idx_path}: sequences_per_dataset={sequences_per_dataset!r} needs a "
-                            "dtype_code, got None"
-                        )
-                    code = dtype_code
-                    self.sequence_count = int(sequences_per_dataset[0])
-                    self.document_count = int(sequences_per_dataset[1])
-                else:
-                    code = self._read_header(stream.read(HEADER_SIZE), idx_path)
-                self._check_code(code, idx_path)
-                self.dtype = DType.dtype_from_code(code)
-                self.dtype_size = numpy.dtype(self.dtype).itemsize
-
-                sequence_count, document_count = self.sequence_count, self.document_count
-                expected = HEADER_SIZE + 12 * sequence_count + 8 * document_count
-                trailer = sequence_count  # one int8 mode per sequence
-                if multimodal:
-                    expected += trailer
-                if file_size < expected:
-                    raise DataFormatError(
-                        f"{idx_path}: index is {file_size} bytes but its header ({sequence_count} "
-                        f"sequences, {document_count} document boundaries"
-                        f"{', multimodal' if multimodal else ''}) needs {expected}; the file is "
-                        "truncated"
-                        + (
-                            " or was not written with multimodal=True"
-                            if multimodal
-                            else " or not a megatron index"
-                        )
+            # an index of up to READ_BELOW bytes: one call (open, fstat, read, close without the
+            # GIL); a blend opens one per source
+            error, _, data, size, _, _, _, _ = _core.read_small_file(idx_path, READ_BELOW)
+            if error:
+                raise OSError(error, os.strerror(error), idx_path)
+            if data is not None and len(data) == size:
+                whole = memoryview(data)
+                self._check_layout(
+                    idx_path,
+                    size,
+                    whole[:HEADER_SIZE],
+                    multimodal,
+                    sequences_per_dataset,
+                    dtype_code,
+                )
+                self._mapping = whole
+            else:
+                # larger (or changing under the read): raw descriptor calls, the file mapped
+                with _RawFile(idx_path) as stream:
+                    file_size = os.fstat(stream.fileno()).st_size
+                    header = b"" if sequences_per_dataset else stream.read(HEADER_SIZE)
+                    self._check_layout(
+                        idx_path, file_size, header, multimodal, sequences_per_dataset, dtype_code
                     )
-                if file_size != expected and not (
-                    not multimodal and file_size == expected + trailer
-                ):
-                    raise DataFormatError(
-                        f"{idx_path}: index is {file_size} bytes but its header ({sequence_count} "
-                        f"sequences, {document_count} document boundaries) needs {expected}"
-                        f"{'' if multimodal else f' (or {expected + trailer} with modes)'}"
-                    )
-                # read (small) or mapped: no descriptor kept, the file is closed on leaving
-                self._mapping = read_or_map(stream.fileno(), file_size, idx_path)
+                    # read (small) or mapped: no descriptor kept, the file is closed on leaving
+                    self._mapping = read_or_map(stream.fileno(), file_size, idx_path)
         except FileNotFoundError:
             raise FileNotFoundError(errno.ENOENT, f"index file not found: {idx_path}") from None
         except OSError as error:
@@ -255,6 +235,7 @@ class _IndexReader:
                 raise
             raise limit from error
 
+        sequence_count, document_count = self.sequence_count, self.document_count
         offset = HEADER_SIZE
         self.sequence_lengths = numpy.frombuffer(
             self._mapping, dtype="<i4", count=sequence_count, offset=offset
@@ -272,6 +253,57 @@ class _IndexReader:
         if multimodal:
             self.sequence_modes = numpy.frombuffer(
                 self._mapping, dtype=numpy.int8, count=sequence_count, offset=offset
+            )
+
+    def _check_layout(
+        self,
+        idx_path: str,
+        file_size: int,
+        header: bytes | memoryview,
+        multimodal: bool,
+        sequences_per_dataset: tuple[int, int] | None,
+        dtype_code: int | None,
+    ) -> None:
+        """Read the header (or take the counts the caller knows) and check that the file is
+        exactly the size it implies."""
+        if sequences_per_dataset:
+            # fast_cache_load: the caller already knows the counts, skip reading the header
+            if dtype_code is None:
+                raise ValueError(
+                    f"{idx_path}: sequences_per_dataset={sequences_per_dataset!r} needs a "
+                    "dtype_code, got None"
+                )
+            code = dtype_code
+            self.sequence_count = int(sequences_per_dataset[0])
+            self.document_count = int(sequences_per_dataset[1])
+        else:
+            code = self._read_header(bytes(header), idx_path)
+        self._check_code(code, idx_path)
+        self.dtype = DType.dtype_from_code(code)
+        self.dtype_size = numpy.dtype(self.dtype).itemsize
+
+        sequence_count, document_count = self.sequence_count, self.document_count
+        expected = HEADER_SIZE + 12 * sequence_count + 8 * document_count
+        trailer = sequence_count  # one int8 mode per sequence
+        if multimodal:
+            expected += trailer
+        if file_size < expected:
+            raise DataFormatError(
+                f"{idx_path}: index is {file_size} bytes but its header ({sequence_count} "
+                f"sequences, {document_count} document boundaries"
+                f"{', multimodal' if multimodal else ''}) needs {expected}; the file is "
+                "truncated"
+                + (
+                    " or was not written with multimodal=True"
+                    if multimodal
+                    else " or not a megatron index"
+                )
+            )
+        if file_size != expected and not (not multimodal and file_size == expected + trailer):
+            raise DataFormatError(
+                f"{idx_path}: index is {file_size} bytes but its header ({sequence_count} "
+                f"sequences, {document_count} document boundaries) needs {expected}"
+                f"{'' if multimodal else f' (or {expected + trailer} with modes)'}"
             )
 
     def _read_header(self, header: bytes, idx_path: str) -> int:

@@ -82,6 +82,45 @@ def load_npy_and_status(path: str | os.PathLike[str]) -> tuple[npt.NDArray[Any],
     return array, status
 
 
+# Files up to this size are read whole by one call (`_core.read_small_file`: open, fstat, read,
+# close without the GIL); the header of a plain array written by numpy is 128 bytes, so every
+# array of up to READ_BELOW data bytes fits. Larger headers take the descriptor path below.
+_READ_WHOLE_BELOW = READ_BELOW + 128
+
+
+def _read_small(path: str, want_status: bool) -> tuple[npt.NDArray[Any], FileStatus | None] | None:
+    """The array at `path` if the file is small and its header plain, read by one call; None
+    when the general path must open it (a larger file, an unusual header).
+
+    Raises:
+        OSError: from the read (errno and path), for _load to classify.
+        DataFormatError: the file is not header + data exactly.
+    """
+    error, _, data, size, inode, mtime_ns, ctime_ns, generation = _core.read_small_file(
+        path, _READ_WHOLE_BELOW, want_status
+    )
+    if error:
+        raise OSError(error, os.strerror(error), path)
+    if data is None:
+        return None
+    fast = _fast_header(data)
+    if fast is None:
+        return None
+    shape, fortran, dtype, offset = fast
+    count = 1
+    for extent in shape:
+        count *= extent
+    nbytes = count * dtype.itemsize
+    if nbytes > READ_BELOW:  # mapped, as every larger array is
+        return None
+    check_npy_extent(path, data[offset - 1 : offset], offset, nbytes, len(data), shape, dtype)
+    flat = np.frombuffer(data, dtype=dtype, count=count, offset=offset)
+    array = flat.reshape(shape[::-1]).T if fortran else flat.reshape(shape)
+    array.flags.writeable = False
+    status = FileStatus(size, inode, mtime_ns, ctime_ns, generation) if want_status else None
+    return array, status
+
+
 def _load(
     path: str | os.PathLike[str], want_status: bool
 ) -> tuple[npt.NDArray[Any], FileStatus | None]:
@@ -97,6 +136,21 @@ def _load(
             than its header's shape, or a header describing an impossible array.
     """
     path = os.fspath(path)
+    try:
+        small = _read_small(path, want_status)
+    except (FileNotFoundError, PermissionError, ResourceLimitError, DataFormatError):
+        raise
+    except OSError as error:
+        limit = resource_error(error, path, "read")
+        if limit is not None:
+            raise limit from error
+        raise DataFormatError(f"{path}: not a valid .npy file ({error})") from error
+    except Exception as error:  # numpy's dtype parser; see the module docstring
+        raise DataFormatError(
+            f"{path}: not a valid .npy file ({type(error).__name__}: {error})"
+        ) from error
+    if small is not None:
+        return small
     descriptor = open_readonly(path)
     try:
         # raw descriptor calls (open, pread, [fstat, mmap,] close): a Python file object adds

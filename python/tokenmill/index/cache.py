@@ -64,7 +64,9 @@ from tokenmill.index.cache_writes import (
     atomic_save_npy,
     batch_active,
     batch_holds,
+    batch_listing,
     deferred_commits,
+    note_batch_miss,
     write_entry,
 )
 from tokenmill.storage.remote_cache import is_remote_cache
@@ -189,6 +191,21 @@ def _read_prefix(path: str | os.PathLike[str], size: int) -> str:
         os.close(descriptor)
 
 
+# The Path of each cache directory, made once: a blend makes an entry per source, all in the
+# same directory, and a Path costs a parse per construction. Paths are immutable, so shared.
+_DIRECTORY_PATHS: dict[str, Path] = {}
+_MAX_DIRECTORY_PATHS = 256
+
+
+def _directory_path(location: str) -> Path:
+    found = _DIRECTORY_PATHS.get(location)
+    if found is None:
+        if len(_DIRECTORY_PATHS) >= _MAX_DIRECTORY_PATHS:
+            _DIRECTORY_PATHS.clear()
+        found = _DIRECTORY_PATHS[location] = Path(location)
+    return found
+
+
 def _sweep_abandoned(directory: Path) -> None:
     """Remove the temporary files in `directory` that provably have no live writer, once per
     process and directory (a directory scan per entry made cold starts quadratic)."""
@@ -253,7 +270,7 @@ class IndexCache:
             from tokenmill.storage.remote_cache import fetch_cache_entry
 
             location = fetch_cache_entry(location, base, array_names)
-        return cls(Path(location), base, description, tuple(array_names))
+        return cls(_directory_path(location), base, description, tuple(array_names))
 
     def path(self, suffix: str) -> Path:
         found = self._paths.get(suffix)
@@ -493,12 +510,21 @@ class IndexCache:
         # always checks them.
         later = checking and bool(specs) and session is None
         statuses: dict[str, dict[str, int]] | None = {} if later else None
-        arrays, problems, described = self._load(
-            specs,
-            check_description=not trust_presence,
-            check_values=not trusted and not later,
-            statuses=statuses,
-        )
+        listing = batch_listing(os.fspath(self.directory)) if may_build and not check_only else None
+        arrays: dict[str, npt.NDArray[Any]] | None
+        described: bool | None
+        if listing is not None and f"{self.base}-description.txt" not in listing:
+            # not committed when this batch first missed here (batch_listing): no probe
+            arrays, problems, described = None, [f"{self.description_path}: missing"], False
+        else:
+            arrays, problems, described = self._load(
+                specs,
+                check_description=not trust_presence,
+                check_values=not trusted and not later,
+                statuses=statuses,
+            )
+            if described is False and may_build and not check_only:
+                note_batch_miss(os.fspath(self.directory))
         # An existing entry is checked against the data even when its arrays no longer fit the
         # config (new data usually changes their shapes): "error" must never rebuild silently.
         recorded: dict[str, Any] = {}

@@ -45,6 +45,7 @@ Public API (used by the dataset caches and by ``tokenmill build-cache --check``)
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import os
@@ -52,6 +53,7 @@ import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
+from tokenmill import _core
 from tokenmill.common.atomic import FileStatus, WrittenFile
 from tokenmill.common.sidecar import check_header
 from tokenmill.errors import DataFormatError
@@ -252,34 +254,34 @@ _MAX_SIDECAR_BYTES = 1 << 24
 
 def _read_fingerprint_dated(path: str | os.PathLike[str]) -> tuple[dict[str, Any], int] | None:
     """(payload, the sidecar's mtime in ns), or None if there is no sidecar."""
-    try:
-        # raw descriptor calls (open, fstat, read, close): a warm start reads one per entry
-        descriptor = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-    except FileNotFoundError:
+    path = os.fspath(path)
+    # one call (open, fstat, read, close without the GIL): a warm start reads one per entry
+    error, _, raw, size, _, written_ns, _, _ = _core.read_small_file(path, _MAX_SIDECAR_BYTES)
+    if error == errno.ENOENT:
         return None
-    try:
-        status = os.fstat(descriptor)
-        written_ns = status.st_mtime_ns
-        # os.read allocates what it is asked for: ask for the file's size (+1: a file that grew)
-        raw = os.read(descriptor, min(status.st_size + 1, _MAX_SIDECAR_BYTES))
-    finally:
-        os.close(descriptor)
+    if error:
+        raise OSError(error, os.strerror(error), path)
+    if raw is None:
+        raise DataFormatError(
+            f"{path}: {size} bytes, larger than any fingerprint sidecar ({_MAX_SIDECAR_BYTES})"
+        )
     try:
         payload = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, ValueError, RecursionError) as error:
-        raise DataFormatError(f"{os.fspath(path)}: not a JSON fingerprint ({error})") from None
-    _validate(payload, os.fspath(path))
+        raise DataFormatError(f"{path}: not a JSON fingerprint ({error})") from None
+    _validate(payload, path)
     return dict(payload), int(written_ns)
 
 
 def _current_against(
     recorded: Mapping[str, Any], written_ns: int, prefixes: Iterable[str]
-) -> dict[str, Any]:
+) -> tuple[dict[str, Any], bool]:
     """The current fingerprint payload of `prefixes`, taking each file's recorded fingerprint
     when its stat proves it unchanged (:func:`_unchanged`: one ``stat``, no read) and hashing
-    the others (:func:`fingerprint_file`)."""
+    the others (:func:`fingerprint_file`); and whether every file was proven unchanged."""
     old = recorded.get("datasets", {})
     datasets: dict[str, Any] = {}
+    all_unchanged = True
     for prefix in prefixes:
         files = {}
         for suffix in DATA_SUFFIXES:
@@ -289,8 +291,9 @@ def _current_against(
                 files[suffix] = dict(entry)
             else:
                 files[suffix] = _fingerprint_once(path)
+                all_unchanged = False
         datasets[prefix] = files
-    return {"format": FORMAT, "version": VERSION, "datasets": datasets}
+    return {"format": FORMAT, "version": VERSION, "datasets": datasets}, all_unchanged
 
 
 ARRAY_FIELDS = ("size", "mtime_ns", "inode")
@@ -482,7 +485,11 @@ def stale_reasons(
         recorded, written_ns = dated
         if recorded_out is not None:
             recorded_out.update(recorded)
-        current = _current_against(recorded, written_ns, prefixes)
+        current, all_unchanged = _current_against(recorded, written_ns, prefixes)
+        if all_unchanged and len(current["datasets"]) == len(recorded["datasets"]):
+            # every recorded file is a current one, proven unchanged, and none is missing (the
+            # prefixes are distinct keys of both): nothing to compare
+            return [], current
         return differences(recorded, current), current
     current = fingerprint_prefixes(prefixes)
     # No sidecar: megatron-core (or an older tokenmill) wrote the entry. Accept it only if the
