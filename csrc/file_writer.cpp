@@ -155,7 +155,12 @@ ReadOutcome read_and_close(int descriptor, char* buffer, size_t capacity) noexce
       break;
     }
     if (got == 0) break;
+    const size_t asked = capacity - outcome.done;
     outcome.done += static_cast<size_t>(got);
+    // a short read that reached the size fstat reported is the end of the file: asking again
+    // only to be told so would be one more system call per file (a short read before that
+    // size, which some network filesystems return, is continued)
+    if (static_cast<size_t>(got) < asked && outcome.done + 1 >= capacity) break;
   }
   close_read(descriptor);
   return outcome;

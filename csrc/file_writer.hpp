@@ -131,8 +131,9 @@ struct ReadOutcome {
   int error = 0;  // errno of the failed read
   size_t done = 0;
 };
-// Read from offset 0 until `capacity` bytes or end of file (a caller that asks for one byte
-// more than the size fstat reported sees a file that grew since as longer), then close.
+// Read from offset 0 until `capacity` bytes or end of file, then close. The caller asks for one
+// byte more than the size fstat reported: a file that grew since shows as longer, and a short
+// read that reaches that size is taken as the end of the file.
 ReadOutcome read_and_close(int descriptor, char* buffer, size_t capacity) noexcept;
 void close_read(int descriptor) noexcept;
 

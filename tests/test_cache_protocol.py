@@ -182,6 +182,38 @@ def test_a_refused_map_is_reported_as_such(
         load_npy(path)
 
 
+def test_a_large_array_is_opened_once_and_mapped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An array over READ_BELOW is mapped through the descriptor the one-call read opened (no
+    second open), with that descriptor's status, and the descriptor is closed."""
+    from tokenmill.formats.npy import load_npy_and_status
+
+    path = tmp_path / "big.npy"
+    values = np.arange(READ_BELOW // 8 + 10, dtype=np.int64)
+    np.save(path, values)
+    opens: list[str] = []
+    real_open = os.open
+
+    def counting(name: str, *args: object, **kwargs: object) -> int:
+        opens.append(str(name))
+        return real_open(name, *args, **kwargs)  # type: ignore[arg-type]
+
+    before = len(os.listdir("/proc/self/fd"))
+    monkeypatch.setattr(os, "open", counting)
+    array, status = load_npy_and_status(path)
+    monkeypatch.undo()
+    assert opens == []
+    assert np.array_equal(array, values) and not array.flags.writeable
+    on_disk = path.stat()
+    assert (status.st_size, status.st_ino, status.st_mtime_ns) == (
+        on_disk.st_size,
+        on_disk.st_ino,
+        on_disk.st_mtime_ns,
+    )
+    assert len(os.listdir("/proc/self/fd")) == before
+
+
 def test_maps_keep_no_descriptor_under_a_low_descriptor_limit(tmp_path: Path) -> None:
     """300 sources (a .bin and an .idx map each, plus a mapped cache array each) stay open in a
     process limited to 64 descriptors; then, out of descriptors, opening one more names the

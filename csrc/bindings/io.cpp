@@ -213,7 +213,7 @@ int sync_filesystem_of(int descriptor, const std::string& label) {
 }
 
 py::tuple read_small_file_into_bytes(const std::string& path, uint64_t limit,
-                                     bool want_generation) {
+                                     bool want_generation, bool keep_open) {
   OpenedForRead opened;
   {
     py::gil_scoped_release release;
@@ -225,6 +225,7 @@ py::tuple read_small_file_into_bytes(const std::string& path, uint64_t limit,
   };
   if (opened.error != 0) return outcome(opened.error, static_cast<int>(opened.step), py::none());
   if (opened.size > limit || opened.size >= static_cast<uint64_t>(PY_SSIZE_T_MAX)) {
+    if (keep_open) return outcome(0, 0, py::int_(opened.descriptor));  // the caller maps it
     close_read(opened.descriptor);
     return outcome(0, 0, py::none());
   }
@@ -256,11 +257,12 @@ void register_io(py::module_& m, py::module_& testing) {
         "The generation of the open file's inode (FS_IOC_GETVERSION), which changes when its "
         "number is reused; -1 where the filesystem reports none (tmpfs, NFS).");
   m.def("read_small_file", &read_small_file_into_bytes, "path"_a, "limit"_a,
-        "want_generation"_a = false,
+        "want_generation"_a = false, "keep_open"_a = false,
         "Open, fstat and, for a file of at most `limit` bytes, read it whole (size + 1 bytes "
-        "asked, into the bytes object returned) and close: (errno, failed step, data or None "
-        "if larger than limit, size, inode, mtime_ns, ctime_ns, generation); steps: 0 none, "
-        "4 open, 3 fstat, 2 read; generation -1 unless asked for and reported.");
+        "asked, into the bytes object returned) and close: (errno, failed step, data, size, "
+        "inode, mtime_ns, ctime_ns, generation); data is None for a larger file, or with "
+        "`keep_open` its open descriptor (the caller closes it); steps: 0 none, 4 open, "
+        "3 fstat, 2 read; generation -1 unless asked for and reported.");
   m.def("sync_filesystem", &sync_filesystem_of, "descriptor"_a, "label"_a,
         "syncfs(2): flush the filesystem holding the open `descriptor`; 0 or errno (ENOSYS "
         "without syncfs). `label` names it in the test log.");

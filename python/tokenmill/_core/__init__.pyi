@@ -4,6 +4,8 @@ Checked against the built module by `python -m mypy.stubtest` in .ci/run. Test-o
 live in the `_testing` submodule (_testing.pyi).
 """
 
+from typing import Literal, overload
+
 import numpy as np
 import numpy.typing as npt
 
@@ -61,9 +63,14 @@ def check_megatron_index_arrays(
     itemsize: int,
 ) -> tuple[int, int, int, int]: ...
 def inode_generation(descriptor: int) -> int: ...
+@overload
 def read_small_file(
-    path: str, limit: int, want_generation: bool = False
+    path: str, limit: int, want_generation: bool = False, keep_open: Literal[False] = False
 ) -> tuple[int, int, bytes | None, int, int, int, int, int]: ...
+@overload
+def read_small_file(
+    path: str, limit: int, want_generation: bool, keep_open: Literal[True]
+) -> tuple[int, int, bytes | int | None, int, int, int, int, int]: ...
 def sync_filesystem(descriptor: int, label: str) -> int: ...
 
 class FileWriter:

@@ -88,19 +88,25 @@ def load_npy_and_status(path: str | os.PathLike[str]) -> tuple[npt.NDArray[Any],
 _READ_WHOLE_BELOW = READ_BELOW + 128
 
 
-def _read_small(path: str, want_status: bool) -> tuple[npt.NDArray[Any], FileStatus | None] | None:
-    """The array at `path` if the file is small and its header plain, read by one call; None
-    when the general path must open it (a larger file, an unusual header).
+def _read_small(
+    path: str, want_status: bool
+) -> tuple[npt.NDArray[Any], FileStatus | None] | tuple[int, FileStatus] | None:
+    """The array at `path` if the file is small and its header plain, read by one call;
+    (descriptor, status) for a larger file, left open for the general path to map (no second
+    open); None when the general path must open it (an unusual header).
 
     Raises:
         OSError: from the read (errno and path), for _load to classify.
         DataFormatError: the file is not header + data exactly.
     """
     error, _, data, size, inode, mtime_ns, ctime_ns, generation = _core.read_small_file(
-        path, _READ_WHOLE_BELOW, want_status
+        path, _READ_WHOLE_BELOW, want_status, True
     )
     if error:
         raise OSError(error, os.strerror(error), path)
+    status = FileStatus(size, inode, mtime_ns, ctime_ns, generation)
+    if isinstance(data, int):
+        return data, status
     if data is None:
         return None
     fast = _fast_header(data)
@@ -117,8 +123,7 @@ def _read_small(path: str, want_status: bool) -> tuple[npt.NDArray[Any], FileSta
     flat = np.frombuffer(data, dtype=dtype, count=count, offset=offset)
     array = flat.reshape(shape[::-1]).T if fortran else flat.reshape(shape)
     array.flags.writeable = False
-    status = FileStatus(size, inode, mtime_ns, ctime_ns, generation) if want_status else None
-    return array, status
+    return array, (status if want_status else None)
 
 
 def _load(
@@ -149,9 +154,13 @@ def _load(
         raise DataFormatError(
             f"{path}: not a valid .npy file ({type(error).__name__}: {error})"
         ) from error
-    if small is not None:
+    known: FileStatus | None = None  # the status of the descriptor _read_small left open
+    if small is None:
+        descriptor = open_readonly(path)
+    elif isinstance(small[0], int):
+        descriptor, known = small
+    else:
         return small
-    descriptor = open_readonly(path)
     try:
         # raw descriptor calls (open, pread, [fstat, mmap,] close): a Python file object adds
         # four system calls per file, and a blend opens thousands of these
@@ -168,7 +177,9 @@ def _load(
         header_end = head[offset - 1 : offset] if offset <= len(head) else None
         if header_end is None:
             header_end = os.pread(descriptor, 1, offset - 1)
-        status = os.fstat(descriptor) if want_status or nbytes > READ_BELOW else None
+        status: os.stat_result | FileStatus | None = known
+        if status is None and (want_status or nbytes > READ_BELOW):
+            status = os.fstat(descriptor)
         if nbytes <= READ_BELOW:
             # one byte more than the data: a file longer than header + data is refused too
             data = os.pread(descriptor, nbytes + 1, offset)
@@ -180,8 +191,10 @@ def _load(
             mapping = map_readonly(descriptor, offset + nbytes, path)
             flat = np.frombuffer(mapping, dtype=dtype, count=count, offset=offset)
         file_status = None
-        if want_status:
-            assert status is not None
+        if want_status and known is not None:
+            file_status = known
+        elif want_status:
+            assert isinstance(status, os.stat_result)
             file_status = FileStatus(
                 status.st_size,
                 status.st_ino,
