@@ -820,7 +820,9 @@ def test_a_bin_that_shrinks_before_its_first_read_is_an_error(shard: Path) -> No
 
 
 @pytest.mark.parametrize("documents", [50, 5000], ids=["small", "large"])
-def test_a_small_idx_is_read_and_a_large_one_mapped(tmp_path: Path, documents: int) -> None:
+def test_a_small_idx_is_read_and_a_large_one_mapped(
+    tmp_path: Path, documents: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """An .idx of READ_BELOW bytes or less is read into memory (one pread, no map: a blend of
     thousands of small sources would pay a map and its page faults for each); a larger one is
     mapped. The arrays are the same read-only views either way."""
@@ -838,7 +840,16 @@ def test_a_small_idx_is_read_and_a_large_one_mapped(tmp_path: Path, documents: i
     idx_path = os.path.realpath(f"{prefix}.idx")
     small = os.path.getsize(idx_path) <= READ_BELOW
     assert small == (documents == 50)
+    real_open, opens = os.open, []
+
+    def counting(path: str, *args: Any, **kwargs: Any) -> int:
+        opens.append(path)
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", counting)
     dataset = IndexedDataset(str(prefix))
+    monkeypatch.undo()
+    assert opens == []  # one open either way, by the one-call read (which hands a large one on)
     assert _maps_of(idx_path) == (0 if small else 1)
     lengths = dataset.index.sequence_lengths
     assert not lengths.flags.writeable

@@ -161,8 +161,11 @@ class _RawFile:
     """A read-only descriptor with the two calls the index reader needs (`fileno`, `read` of
     the header) and nothing else: open, fstat, pread, mmap and close are the whole open."""
 
-    def __init__(self, path: str) -> None:
-        self.descriptor = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    def __init__(self, path: str, descriptor: int = -1) -> None:
+        """Open `path`, or take over `descriptor` (already open on it)."""
+        if descriptor < 0:
+            descriptor = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        self.descriptor = descriptor
 
     def fileno(self) -> int:
         return self.descriptor
@@ -202,11 +205,22 @@ class _IndexReader:
         self.idx_path = idx_path
         try:
             # an index of up to READ_BELOW bytes: one call (open, fstat, read, close without the
-            # GIL); a blend opens one per source
-            error, _, data, size, _, _, _, _ = _core.read_small_file(idx_path, READ_BELOW)
+            # GIL); a larger one is left open by that call, to be mapped; a blend opens one per
+            # source
+            error, _, data, size, _, _, _, _ = _core.read_small_file(
+                idx_path, READ_BELOW, False, True
+            )
             if error:
                 raise OSError(error, os.strerror(error), idx_path)
-            if data is not None and len(data) == size:
+            if isinstance(data, int):
+                with _RawFile(idx_path, data) as stream:
+                    header = b"" if sequences_per_dataset else stream.read(HEADER_SIZE)
+                    self._check_layout(
+                        idx_path, size, header, multimodal, sequences_per_dataset, dtype_code
+                    )
+                    # mapped: no descriptor kept, the file is closed on leaving
+                    self._mapping = read_or_map(stream.fileno(), size, idx_path)
+            elif data is not None and len(data) == size:
                 whole = memoryview(data)
                 self._check_layout(
                     idx_path,
@@ -218,14 +232,13 @@ class _IndexReader:
                 )
                 self._mapping = whole
             else:
-                # larger (or changing under the read): raw descriptor calls, the file mapped
+                # changing under the read: raw descriptor calls, as for a larger file
                 with _RawFile(idx_path) as stream:
                     file_size = os.fstat(stream.fileno()).st_size
                     header = b"" if sequences_per_dataset else stream.read(HEADER_SIZE)
                     self._check_layout(
                         idx_path, file_size, header, multimodal, sequences_per_dataset, dtype_code
                     )
-                    # read (small) or mapped: no descriptor kept, the file is closed on leaving
                     self._mapping = read_or_map(stream.fileno(), file_size, idx_path)
         except FileNotFoundError:
             raise FileNotFoundError(errno.ENOENT, f"index file not found: {idx_path}") from None
