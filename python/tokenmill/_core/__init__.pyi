@@ -4,8 +4,6 @@ Checked against the built module by `python -m mypy.stubtest` in .ci/run. Test-o
 live in the `_testing` submodule (_testing.pyi).
 """
 
-from typing import Literal, overload
-
 import numpy as np
 import numpy.typing as npt
 
@@ -63,13 +61,8 @@ def check_megatron_index_arrays(
     itemsize: int,
 ) -> tuple[int, int, int, int]: ...
 def inode_generation(descriptor: int) -> int: ...
-@overload
 def read_small_file(
-    path: str, limit: int, want_generation: bool = False, keep_open: Literal[False] = False
-) -> tuple[int, int, bytes | None, int, int, int, int, int]: ...
-@overload
-def read_small_file(
-    path: str, limit: int, want_generation: bool, keep_open: Literal[True]
+    path: str, limit: int, want_generation: bool = False, keep_open: bool = False
 ) -> tuple[int, int, bytes | int | None, int, int, int, int, int]: ...
 def sync_filesystem(descriptor: int, label: str) -> int: ...
 

@@ -261,7 +261,7 @@ def _read_fingerprint_dated(path: str | os.PathLike[str]) -> tuple[dict[str, Any
         return None
     if error:
         raise OSError(error, os.strerror(error), path)
-    if raw is None:
+    if not isinstance(raw, bytes):  # None: larger than the limit (an int only with keep_open)
         raise DataFormatError(
             f"{path}: {size} bytes, larger than any fingerprint sidecar ({_MAX_SIDECAR_BYTES})"
         )
