@@ -212,15 +212,7 @@ class _IndexReader:
             )
             if error:
                 raise OSError(error, os.strerror(error), idx_path)
-            if isinstance(data, int):
-                with _RawFile(idx_path, data) as stream:
-                    header = b"" if sequences_per_dataset else stream.read(HEADER_SIZE)
-                    self._check_layout(
-                        idx_path, size, header, multimodal, sequences_per_dataset, dtype_code
-                    )
-                    # mapped: no descriptor kept, the file is closed on leaving
-                    self._mapping = read_or_map(stream.fileno(), size, idx_path)
-            elif data is not None and len(data) == size:
+            if isinstance(data, bytes) and len(data) == size:
                 whole = memoryview(data)
                 self._check_layout(
                     idx_path,
@@ -232,14 +224,18 @@ class _IndexReader:
                 )
                 self._mapping = whole
             else:
-                # changing under the read: raw descriptor calls, as for a larger file
-                with _RawFile(idx_path) as stream:
-                    file_size = os.fstat(stream.fileno()).st_size
+                # larger (its descriptor left open by the call) or changing under the read
+                # (opened again): the file mapped, raw descriptor calls
+                kept = data if isinstance(data, int) else -1
+                with _RawFile(idx_path, kept) as stream:
+                    if kept < 0:
+                        size = os.fstat(stream.fileno()).st_size
                     header = b"" if sequences_per_dataset else stream.read(HEADER_SIZE)
                     self._check_layout(
-                        idx_path, file_size, header, multimodal, sequences_per_dataset, dtype_code
+                        idx_path, size, header, multimodal, sequences_per_dataset, dtype_code
                     )
-                    self._mapping = read_or_map(stream.fileno(), file_size, idx_path)
+                    # mapped (or, if it shrank to 64 KiB or less, read): no descriptor kept
+                    self._mapping = read_or_map(stream.fileno(), size, idx_path)
         except FileNotFoundError:
             raise FileNotFoundError(errno.ENOENT, f"index file not found: {idx_path}") from None
         except OSError as error:
