@@ -251,6 +251,10 @@ class IndexCache:
     _paths: dict[str, Path] = field(default_factory=dict, compare=False, repr=False)
     # the same as strings, for the loads of a warm open (a Path costs a parse per join)
     _files: dict[str, str] = field(default_factory=dict, compare=False, repr=False)
+    # the data check data_proven_unchanged made, for the next load_or_build's (taken once)
+    _checked: list[tuple[tuple[str, ...], list[str], dict[str, Any], dict[str, Any]]] = field(
+        default_factory=list, compare=False, repr=False
+    )
 
     @classmethod
     def create(
@@ -306,6 +310,43 @@ class IndexCache:
             self._file("description.txt"),
             recorded_out,
         )
+
+    def data_proven_unchanged(self, data_prefixes: Sequence[str]) -> bool:
+        """Whether this entry's data fingerprint proves by `stat` alone that every data file is
+        the one its builder fingerprinted (fingerprint.sidecar_verdict). A builder opens a
+        dataset, scanning its `.idx` against its `.bin`, before it fingerprints them, so a
+        proven `.idx` needs no second scan (`formats.megatron.deferred_index_scans`).
+
+        False without a valid sidecar, looked for with no probe where the enclosing batch's
+        listing shows none (cache_writes.batch_listing). The check is the one the next
+        load_or_build of this entry makes: its result is kept for that call."""
+        listing = batch_listing(os.fspath(self.directory))
+        if (
+            listing is not None
+            and f"{self.base}-{data_fingerprint.FINGERPRINT_SUFFIX}" not in listing
+        ):
+            return False
+        verdict = data_fingerprint.sidecar_verdict(
+            data_prefixes, self._file(data_fingerprint.FINGERPRINT_SUFFIX)
+        )
+        if verdict is None:
+            return False
+        reasons, current, recorded, proven = verdict
+        self._checked[:] = [(tuple(data_prefixes), reasons, current, recorded)]
+        return proven
+
+    def _stale_reasons_once(
+        self, data_prefixes: Sequence[str], recorded_out: dict[str, Any] | None
+    ) -> tuple[list[str], dict[str, Any]]:
+        """stale_reasons, or the result data_proven_unchanged kept for these prefixes (taken
+        once: a later check looks again)."""
+        checked = self._checked.pop() if self._checked else None
+        if checked is not None and checked[0] == tuple(data_prefixes):
+            _, reasons, current, recorded = checked
+            if recorded_out is not None:
+                recorded_out.update(recorded)
+            return list(reasons), current
+        return self.stale_reasons(data_prefixes, recorded_out)
 
     def all_present(self) -> bool:
         """megatron-core's notion of a hit: every file exists."""
@@ -534,6 +575,7 @@ class IndexCache:
             arrays, problems = self._check_data(
                 arrays, problems, data_prefixes, data_check, may_build, check_only, recorded
             )
+        self._checked.clear()  # a check data_proven_unchanged kept is for this call only
         if (
             later
             and arrays is not None
@@ -591,7 +633,7 @@ class IndexCache:
         Raises:
             StaleCacheError: the data changed and the entry may not be rebuilt here.
         """
-        stale, current = self.stale_reasons(data_prefixes, recorded_out)
+        stale, current = self._stale_reasons_once(data_prefixes, recorded_out)
         if stale and check_only:
             built_from = (f"{self.description_path}: built from other data: {r}" for r in stale)
             return None, [*problems, *built_from]

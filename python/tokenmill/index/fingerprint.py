@@ -74,6 +74,7 @@ __all__ = [
     "fingerprint_prefixes",
     "once_per_file",
     "read_fingerprint",
+    "sidecar_verdict",
     "stale_reasons",
     "vouches_for",
     "write_fingerprint",
@@ -456,6 +457,40 @@ def write_fingerprint(path: str | os.PathLike[str], payload: Mapping[str, Any]) 
     fingerprint_writer(path, payload).commit()
 
 
+def sidecar_verdict(
+    prefixes: Iterable[str], sidecar: str | os.PathLike[str]
+) -> tuple[list[str], dict[str, Any], dict[str, Any], bool] | None:
+    """The data check of an entry against its sidecar: (reasons, current payload, recorded
+    payload, proven), or None when there is no valid sidecar (nothing is fingerprinted then).
+    `proven`: the sidecar proves by `stat` alone that every data file is the one its builder
+    fingerprinted (:func:`_unchanged`: no sampled hash was needed).
+
+    Raises:
+        FileNotFoundError: a data file is missing.
+    """
+    try:
+        dated = _read_fingerprint_dated(sidecar)
+    except DataFormatError:
+        return None
+    if dated is None:
+        return None
+    recorded, written_ns = dated
+    reasons, current, proven = _against(recorded, written_ns, prefixes)
+    return reasons, current, recorded, proven
+
+
+def _against(
+    recorded: Mapping[str, Any], written_ns: int, prefixes: Iterable[str]
+) -> tuple[list[str], dict[str, Any], bool]:
+    """(reasons, current payload, proven by stat alone) of `prefixes` against a sidecar."""
+    current, all_unchanged = _current_against(recorded, written_ns, prefixes)
+    if all_unchanged and len(current["datasets"]) == len(recorded["datasets"]):
+        # every recorded file is a current one, proven unchanged, and none is missing (the
+        # prefixes are distinct keys of both): nothing to compare
+        return [], current, True
+    return differences(recorded, current), current, False
+
+
 def stale_reasons(
     prefixes: Iterable[str],
     sidecar: str | os.PathLike[str],
@@ -485,12 +520,8 @@ def stale_reasons(
         recorded, written_ns = dated
         if recorded_out is not None:
             recorded_out.update(recorded)
-        current, all_unchanged = _current_against(recorded, written_ns, prefixes)
-        if all_unchanged and len(current["datasets"]) == len(recorded["datasets"]):
-            # every recorded file is a current one, proven unchanged, and none is missing (the
-            # prefixes are distinct keys of both): nothing to compare
-            return [], current
-        return differences(recorded, current), current
+        reasons, current, _ = _against(recorded, written_ns, prefixes)
+        return reasons, current
     current = fingerprint_prefixes(prefixes)
     # No sidecar: megatron-core (or an older tokenmill) wrote the entry. Accept it only if the
     # data predates it; a data file written after the entry cannot be what it was built from.
