@@ -582,9 +582,7 @@ def test_a_warm_building_rank_skips_the_idx_scan_only_for_proven_files(
     scanned.clear()
     warm = open_blend()
     assert scanned == []  # every entry proves its files: no scan
-    assert all(
-        np.array_equal(warm[i]["tokens"], cold[i]["tokens"]) for i in range(0, len(cold), 7)
-    )
+    assert all(np.array_equal(warm[i]["tokens"], cold[i]["tokens"]) for i in range(0, len(cold), 7))
 
     class Subclass(GPTDataset):
         pass

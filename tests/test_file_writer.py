@@ -37,14 +37,19 @@ def test_writes_the_chunks_in_order_and_reports_the_files_status(
     )
     assert (error, step) == (0, 0)
     assert path.read_bytes() == b"header" + array.tobytes()
+    assert (size, inode, mtime_ns, ctime_ns, generation) == _status_of(path)
+
+
+def _status_of(path: Path) -> tuple[int, int, int, int, int]:
+    """(size, inode, mtime_ns, ctime_ns, generation) of `path`, as the kernel reports them."""
     status = path.stat()
-    assert (size, inode, mtime_ns, ctime_ns) == (
+    return (
         status.st_size,
         status.st_ino,
         status.st_mtime_ns,
         status.st_ctime_ns,
+        _generation_of(path),
     )
-    assert generation == _generation_of(path)
 
 
 def _generation_of(path: Path) -> int:
@@ -93,16 +98,9 @@ def test_read_small_file_reads_the_whole_file_with_its_status(
     error, step, data, size, inode, mtime_ns, ctime_ns, generation = _core.read_small_file(
         str(path), limit, True
     )
-    status = path.stat()
     assert (error, step) == (0, 0)
     assert data == (content if len(content) <= limit else None)
-    assert (size, inode, mtime_ns, ctime_ns) == (
-        status.st_size,
-        status.st_ino,
-        status.st_mtime_ns,
-        status.st_ctime_ns,
-    )
-    assert generation == _generation_of(path)
+    assert (size, inode, mtime_ns, ctime_ns, generation) == _status_of(path)
     assert _core.read_small_file(str(path), limit)[7] == -1  # the ioctl only when asked
 
 

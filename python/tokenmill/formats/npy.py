@@ -126,6 +126,17 @@ def _read_small(
     return array, (status if want_status else None)
 
 
+def _load_error(error: Exception, path: str) -> Exception:
+    """What a failure to read `path` is reported as: running out of descriptors or maps as
+    the limit (ResourceLimitError), anything else as a file that is not a valid .npy."""
+    if isinstance(error, OSError):
+        limit = resource_error(error, path, "read")
+        if limit is not None:
+            return limit
+        return DataFormatError(f"{path}: not a valid .npy file ({error})")
+    return DataFormatError(f"{path}: not a valid .npy file ({type(error).__name__}: {error})")
+
+
 def _load(
     path: str | os.PathLike[str], want_status: bool
 ) -> tuple[npt.NDArray[Any], FileStatus | None]:
@@ -145,15 +156,8 @@ def _load(
         small = _read_small(path, want_status)
     except (FileNotFoundError, PermissionError, ResourceLimitError, DataFormatError):
         raise
-    except OSError as error:
-        limit = resource_error(error, path, "read")
-        if limit is not None:
-            raise limit from error
-        raise DataFormatError(f"{path}: not a valid .npy file ({error})") from error
     except Exception as error:  # numpy's dtype parser; see the module docstring
-        raise DataFormatError(
-            f"{path}: not a valid .npy file ({type(error).__name__}: {error})"
-        ) from error
+        raise _load_error(error, path) from error
     known: FileStatus | None = None  # the status of the descriptor _read_small left open
     if small is None:
         descriptor = open_readonly(path)
@@ -204,15 +208,8 @@ def _load(
             )
     except (FileNotFoundError, PermissionError, ResourceLimitError, DataFormatError):
         raise
-    except OSError as error:
-        limit = resource_error(error, path, "read")
-        if limit is not None:
-            raise limit from error
-        raise DataFormatError(f"{path}: not a valid .npy file ({error})") from error
     except Exception as error:  # numpy's header parser raises many types; see the docstring
-        raise DataFormatError(
-            f"{path}: not a valid .npy file ({type(error).__name__}: {error})"
-        ) from error
+        raise _load_error(error, path) from error
     finally:
         os.close(descriptor)
     array = flat.reshape(shape[::-1]).T if fortran else flat.reshape(shape)
