@@ -379,3 +379,13 @@ def test_sidecars_without_identity_fields_are_still_valid(shard: str, tmp_path: 
     path.write_text(json.dumps(payload))
     with pytest.raises(DataFormatError, match=r"\.bin field 'inode' is invalid: -1"):
         fingerprint.read_fingerprint(path)
+
+
+def test_a_sidecar_larger_than_any_fingerprint_is_refused(tmp_path: Path) -> None:
+    """A sidecar over the size limit is not read at all (the one-call read returns no data):
+    DataFormatError naming the file and its size."""
+    sidecar = tmp_path / "x-GPTDataset-train-data.tokenmill.json"
+    with open(sidecar, "wb") as stream:
+        stream.truncate((1 << 24) + 1)  # sparse: nothing is written
+    with pytest.raises(DataFormatError, match=r"data\.tokenmill\.json: 16777217 bytes, larger"):
+        fingerprint.read_fingerprint(sidecar)
