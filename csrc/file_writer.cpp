@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <sys/ioctl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #ifdef __linux__
@@ -168,6 +169,26 @@ ReadOutcome read_and_close(int descriptor, char* buffer, size_t capacity) noexce
 
 void close_read(int descriptor) noexcept {
   ::close(descriptor);  // read-only: close reports nothing deferred
+}
+
+MappedRegion map_region(int descriptor, size_t length) noexcept {
+  MappedRegion region;
+  if (length == 0) {
+    region.error = EINVAL;  // mmap refuses an empty map too; said here so no call is made
+    return region;
+  }
+  void* address = ::mmap(nullptr, length, PROT_READ, MAP_SHARED, descriptor, 0);
+  if (address == MAP_FAILED) {
+    region.error = errno;
+    return region;
+  }
+  region.address = address;
+  region.length = length;
+  return region;
+}
+
+void unmap_region(void* address, size_t length) noexcept {
+  if (address != nullptr) ::munmap(address, length);
 }
 
 FileWriteOutcome write_file(const std::string& path, const std::vector<FileChunk>& chunks,

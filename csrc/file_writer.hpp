@@ -137,6 +137,19 @@ struct ReadOutcome {
 ReadOutcome read_and_close(int descriptor, char* buffer, size_t capacity) noexcept;
 void close_read(int descriptor) noexcept;
 
+// A read-only shared map of the first `length` bytes of the open `descriptor` (mmap(2)); the
+// descriptor may be closed as soon as this returns, the map stays until unmap_region. Here
+// rather than through Python's mmap module, which (before 3.13) keeps a duplicate descriptor
+// per map, or ctypes, whose call and finalizer cost more than the mmap itself: a blend maps one
+// .idx and up to three cached arrays per source.
+struct MappedRegion {
+  int error = 0;  // errno of the failed mmap (EINVAL for a zero length)
+  void* address = nullptr;
+  size_t length = 0;
+};
+MappedRegion map_region(int descriptor, size_t length) noexcept;
+void unmap_region(void* address, size_t length) noexcept;
+
 // Flush every file of the filesystem that holds the open `descriptor` (Linux syncfs(2)): the
 // durability step of a large batch, one call where a fsync per file would each wait for a
 // journal commit. Returns 0 or errno (ENOSYS where the system has no syncfs). From Linux 5.8 on,

@@ -14,6 +14,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from conftest import TinyTokenizer, random_documents, write_megatron_shard
 
@@ -77,6 +79,12 @@ def compare_datasets(ours: Any, theirs: Any, rng: np.random.Generator, where: st
         if isinstance(theirs, megatron_blended.BlendedDataset)
         else ("document_index", "sample_index", "shuffle_index")
     )
+    if not isinstance(theirs, megatron_blended.BlendedDataset):
+        # the split's document ids (megatron's `indices`): the same ids and dtype; tokenmill's
+        # view one shared counting array, which nothing may write to
+        assert ours.indices.dtype == theirs.indices.dtype, where
+        np.testing.assert_array_equal(ours.indices, theirs.indices, err_msg=f"{where} indices")
+        assert not ours.indices.flags.writeable, where
     for name in names:
         mine, reference = np.asarray(getattr(ours, name)), np.asarray(getattr(theirs, name))
         assert mine.dtype == reference.dtype, f"{where} {name}"
@@ -258,6 +266,22 @@ def test_split_helpers_match_megatron(split: str) -> None:
     assert utils.convert_split_vector_to_split_matrix(
         vector, other
     ) == megatron_config.convert_split_vector_to_split_matrix(vector, other)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 3000), st.integers(0, 3000)), min_size=1, max_size=12))
+def test_split_document_ids_are_the_aranges_megatron_makes(bounds: list[tuple[int, int]]) -> None:
+    """Each split's ids equal megatron's ``numpy.arange(begin, end, dtype=int32)``, and stay
+    equal while later, longer requests replace the shared counting array they view."""
+    made = []
+    for begin, length in bounds:
+        ids = utils.split_document_ids(begin, begin + length)
+        assert ids.dtype == np.int32 and not ids.flags.writeable
+        with pytest.raises(ValueError, match="read-only"):
+            ids[:1] = 7
+        made.append((begin, begin + length, ids))
+    for begin, end, ids in made:
+        np.testing.assert_array_equal(ids, np.arange(begin, end, dtype=np.int32))
 
 
 @pytest.mark.parametrize(

@@ -177,7 +177,7 @@ def test_a_refused_map_is_reported_as_such(
     def refuse(descriptor: int, length: int) -> object:
         raise OSError(code, os.strerror(code))
 
-    monkeypatch.setattr("tokenmill.common.mapping._map", refuse)
+    monkeypatch.setattr("tokenmill._core.map_readonly", refuse)
     with pytest.raises(ResourceLimitError, match=limit):
         load_npy(path)
 

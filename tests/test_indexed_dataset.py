@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import pickle
 import struct
@@ -872,3 +873,52 @@ def test_read_or_map_names_a_file_shorter_than_asked(tmp_path: Path) -> None:
             read_or_map(descriptor, 0, str(path))
     finally:
         os.close(descriptor)
+
+
+def test_a_map_outlives_its_descriptor_is_read_only_and_is_unmapped_with_its_last_view(
+    tmp_path: Path,
+) -> None:
+    """map_readonly (the compiled core's mmap): the caller closes the descriptor at once; the
+    bytes stay readable and cannot be written; the map goes when the last array viewing it is
+    freed, not before."""
+    import gc
+
+    from tokenmill.common.mapping import map_readonly
+
+    path = tmp_path / "data.bin"
+    payload = bytes(range(256)) * 40
+    path.write_bytes(payload)
+    real = os.path.realpath(path)
+    descriptor = os.open(path, os.O_RDONLY)
+    view = map_readonly(descriptor, len(payload), str(path))
+    os.close(descriptor)
+    assert view.readonly and view.format == "B" and view.nbytes == len(payload)
+    array = np.frombuffer(view, dtype=np.uint8, count=100, offset=10)
+    assert not array.flags.writeable
+    with pytest.raises(ValueError, match="read-only"):
+        array[0] = 1
+    del view
+    gc.collect()
+    assert _maps_of(real) == 1  # the array still views it
+    assert bytes(array) == payload[10:110]
+    del array
+    gc.collect()
+    assert _maps_of(real) == 0
+
+
+def test_map_readonly_reports_a_failed_mmap_with_its_errno(tmp_path: Path) -> None:
+    from tokenmill.common.mapping import map_readonly
+
+    path = tmp_path / "data.bin"
+    path.write_bytes(b"x" * 100)
+    descriptor = os.open(path, os.O_RDONLY)
+    os.close(descriptor)
+    with pytest.raises(OSError) as raised:
+        map_readonly(descriptor, 100, str(path))  # closed: EBADF, not a resource limit
+    assert raised.value.errno == errno.EBADF
+    with pytest.raises(ValueError, match="cannot map 0 bytes"):
+        map_readonly(descriptor, 0, str(path))
+    from tokenmill import _core
+
+    with pytest.raises(ValueError, match=r"cannot map 0 bytes"):
+        _core.map_readonly(0, 0)

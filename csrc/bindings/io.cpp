@@ -4,6 +4,7 @@
 // alive and the exporter (a numpy array) cannot resize them meanwhile; waiting releases the GIL.
 #include <pybind11/stl.h>
 
+#include <cerrno>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -252,6 +253,41 @@ py::tuple read_small_file_into_bytes(const std::string& path, uint64_t limit,
   return outcome(0, 0, py::reinterpret_steal<py::object>(raw));
 }
 
+// A read-only map owned by a Python object: unmapped when the last view of it (memoryview,
+// numpy array) is gone.
+class ReadOnlyMap {
+ public:
+  explicit ReadOnlyMap(MappedRegion region) : region_(region) {}
+  ~ReadOnlyMap() { unmap_region(region_.address, region_.length); }
+  ReadOnlyMap(const ReadOnlyMap&) = delete;
+  ReadOnlyMap& operator=(const ReadOnlyMap&) = delete;
+  py::buffer_info buffer() const {
+    return py::buffer_info(region_.address, 1, py::format_descriptor<uint8_t>::format(), 1,
+                           {static_cast<py::ssize_t>(region_.length)}, {1}, /*readonly=*/true);
+  }
+  size_t size() const { return region_.length; }
+
+ private:
+  MappedRegion region_;
+};
+
+std::unique_ptr<ReadOnlyMap> map_readonly_region(int descriptor, uint64_t length) {
+  if (length == 0 || length > static_cast<uint64_t>(PY_SSIZE_T_MAX)) {
+    throw py::value_error("cannot map " + std::to_string(length) + " bytes");
+  }
+  MappedRegion region;
+  {
+    py::gil_scoped_release release;
+    region = map_region(descriptor, static_cast<size_t>(length));
+  }
+  if (region.error != 0) {
+    errno = region.error;
+    PyErr_SetFromErrno(PyExc_OSError);
+    throw py::error_already_set();
+  }
+  return std::make_unique<ReadOnlyMap>(region);
+}
+
 void register_io(py::module_& m, py::module_& testing) {
   m.def("inode_generation", &inode_generation, "descriptor"_a,
         "The generation of the open file's inode (FS_IOC_GETVERSION), which changes when its "
@@ -263,6 +299,15 @@ void register_io(py::module_& m, py::module_& testing) {
         "inode, mtime_ns, ctime_ns, generation); data is None for a larger file, or with "
         "`keep_open` its open descriptor (the caller closes it); steps: 0 none, 4 open, "
         "3 fstat, 2 read; generation -1 unless asked for and reported.");
+  py::class_<ReadOnlyMap>(m, "ReadOnlyMap", py::buffer_protocol(),
+                          "A read-only shared memory map (bytes, buffer protocol), unmapped when "
+                          "the last view of it is freed; made by map_readonly.")
+      .def_buffer(&ReadOnlyMap::buffer)
+      .def("__len__", &ReadOnlyMap::size);
+  m.def("map_readonly", &map_readonly_region, "descriptor"_a, "length"_a,
+        "mmap(2) the first `length` bytes of the open `descriptor`, read-only and shared; the "
+        "descriptor may be closed at once. Raises OSError (errno) when mmap fails, ValueError "
+        "for a length of 0.");
   m.def("sync_filesystem", &sync_filesystem_of, "descriptor"_a, "label"_a,
         "syncfs(2): flush the filesystem holding the open `descriptor`; 0 or errno (ENOSYS "
         "without syncfs). `label` names it in the test log.");

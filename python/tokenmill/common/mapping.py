@@ -4,9 +4,10 @@ Why not ``mmap.mmap`` or ``numpy.memmap``: before Python 3.13 (``trackfd=False``
 module duplicates the descriptor it maps and keeps the duplicate open for the life of the map, so
 every mapped file costs a descriptor until its arrays die. A blend of 10,000 sources then needs
 tens of thousands of descriptors and fails under the common ``ulimit -n 1024``. A map does not need
-its descriptor once it exists, so :func:`map_readonly` maps with ``mmap(2)`` (through ctypes on
-Python < 3.13) and lets the caller close the descriptor at once; the map is unmapped when the last
-array viewing it is freed.
+its descriptor once it exists, so :func:`map_readonly` maps with ``mmap(2)`` in the compiled core
+(``_core.map_readonly``: a call there costs a fraction of a ctypes call and its finalizer, and a
+blend maps one ``.idx`` and up to three cached arrays per source) and lets the caller close the
+descriptor at once; the map is unmapped when the last array viewing it is freed.
 
 :func:`resource_error` turns the ``OSError`` of an ``open``/``mmap`` that failed for lack of
 descriptors or map slots into :class:`~tokenmill.errors.ResourceLimitError`, whose message names
@@ -15,14 +16,11 @@ the limit to raise, so callers never mistake it for a missing or corrupt file.
 
 from __future__ import annotations
 
-import ctypes
 import errno
-import mmap
 import os
-import sys
-import weakref
 from typing import Any
 
+from tokenmill import _core
 from tokenmill.errors import ResourceLimitError
 
 __all__ = [
@@ -69,39 +67,6 @@ def resource_error(error: OSError, path: str, what: str = "open") -> ResourceLim
     return limit
 
 
-if sys.version_info >= (3, 13):
-
-    def _map(descriptor: int, length: int) -> Any:
-        return mmap.mmap(descriptor, length, access=mmap.ACCESS_READ, trackfd=False)
-
-else:
-    _libc = ctypes.CDLL(None, use_errno=True)
-    _libc.mmap.restype = ctypes.c_void_p
-    _libc.mmap.argtypes = [
-        ctypes.c_void_p,
-        ctypes.c_size_t,
-        ctypes.c_int,
-        ctypes.c_int,
-        ctypes.c_int,
-        ctypes.c_int64,
-    ]
-    _libc.munmap.restype = ctypes.c_int
-    _libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-    _MAP_FAILED = ctypes.c_void_p(-1).value
-
-    def _map(descriptor: int, length: int) -> Any:
-        address = _libc.mmap(None, length, mmap.PROT_READ, mmap.MAP_SHARED, descriptor, 0)
-        if address is None or address == _MAP_FAILED:
-            code = ctypes.get_errno()
-            raise OSError(code, os.strerror(code))
-        buffer = (ctypes.c_ubyte * length).from_address(address)
-        # unmapped when the last view (numpy array, memoryview) of the buffer is gone; not at
-        # interpreter exit, where a daemon thread (a prefetcher) may still read it: the process
-        # ending unmaps everything anyway
-        weakref.finalize(buffer, _libc.munmap, address, length).atexit = False
-        return buffer
-
-
 def map_readonly(descriptor: int, length: int, path: str = "") -> memoryview:
     """A read-only map of the first `length` bytes of the open file `descriptor`.
 
@@ -117,13 +82,13 @@ def map_readonly(descriptor: int, length: int, path: str = "") -> memoryview:
     if length <= 0:
         raise ValueError(f"cannot map {length} bytes of {path or descriptor}")
     try:
-        buffer = _map(descriptor, length)
+        region = _core.map_readonly(descriptor, length)
     except OSError as error:
         limit = resource_error(error, path or f"descriptor {descriptor}", "map")
         if limit is not None:
             raise limit from error
         raise
-    return memoryview(buffer).cast("B").toreadonly()
+    return memoryview(region)  # read-only bytes; the map lives while any view does
 
 
 # Files up to this size are read into memory rather than mapped: the read is one system call,

@@ -25,8 +25,6 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-import numpy as np
-
 from tokenmill.common import distributed
 from tokenmill.datasets.blended import BlendedDataset
 from tokenmill.datasets.config import BlendedMegatronDatasetConfig, GPTDatasetConfig
@@ -36,6 +34,7 @@ from tokenmill.datasets.utils import (
     get_size_per_split_per_dataset,
     normalize,
     split_bounds,
+    split_document_ids,
 )
 from tokenmill.errors import ResourceLimitError
 from tokenmill.index.blending import compute_ahead, discard_ahead
@@ -465,7 +464,7 @@ class BlendedMegatronDatasetBuilder:
             indices = None
             if not self._fast_cache_load():
                 begin, end = split_bounds(bookends, num_elements)
-                indices = np.arange(begin, end, dtype=np.int32)
+                indices = split_document_ids(begin, end)
             datasets.append(
                 self.build_generic_dataset(
                     self.cls,

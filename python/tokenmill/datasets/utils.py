@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import re
+import threading
 from collections.abc import Sequence
 from enum import Enum
 
@@ -24,6 +25,7 @@ __all__ = [
     "normalize",
     "parse_and_normalize_split",
     "split_bounds",
+    "split_document_ids",
 ]
 
 Blend = tuple[list[str], list[float] | None]
@@ -133,6 +135,35 @@ def split_bounds(bookends: tuple[float, float], num_elements: int) -> tuple[int,
     return int(round(bookends[0] * float(num_elements))), int(
         round(bookends[1] * float(num_elements))
     )
+
+
+# The counting array every split's document ids view (split_document_ids), replaced by a longer
+# one when a dataset needs more ids; read-only, so a view cannot change another dataset's ids.
+_counting = np.arange(0, dtype=np.int32)
+_counting.flags.writeable = False
+_counting_lock = threading.Lock()
+
+
+def split_document_ids(begin: int, end: int) -> np.ndarray:
+    """``numpy.arange(begin, end, dtype=numpy.int32)``, the document ids of a split (megatron's
+    ``indices``), as a read-only view of one shared counting array.
+
+    Why not a fresh ``arange`` per dataset as megatron-core makes: a blend of 1,000 sources of
+    10,000 documents allocates 40 MB of ids that way, and faulting in those fresh pages costs a
+    warm open more than reading its 3,000 cached arrays; the ids are the same integers for every
+    dataset, and nothing writes to them.
+    """
+    global _counting
+    counting = _counting
+    if end > len(counting):
+        with _counting_lock:
+            if end > len(_counting):
+                # a quarter more than asked, so datasets of growing sizes do not each remake it
+                grown = np.arange(max(end, min(len(_counting) * 5 // 4, 2**31)), dtype=np.int32)
+                grown.flags.writeable = False
+                _counting = grown
+            counting = _counting
+    return counting[begin:end]
 
 
 def get_size_per_split_per_dataset(
