@@ -19,8 +19,8 @@ import struct
 import numpy
 import numpy.typing as npt
 
-from tokenmill import _core
 from tokenmill.common.mapping import READ_BELOW, read_or_map, resource_error
+from tokenmill.common.whole_read import read_whole
 from tokenmill.errors import DataFormatError
 
 __all__ = [
@@ -207,11 +207,8 @@ class _IndexReader:
             # an index of up to READ_BELOW bytes: one call (open, fstat, read, close without the
             # GIL); a larger one is left open by that call, to be mapped; a blend opens one per
             # source
-            error, _, data, size, _, _, _, _ = _core.read_small_file(
-                idx_path, READ_BELOW, False, True
-            )
-            if error:
-                raise OSError(error, os.strerror(error), idx_path)
+            data, status = read_whole(idx_path, READ_BELOW, keep_open=True)
+            size = status.st_size
             if isinstance(data, bytes) and len(data) == size:
                 whole = memoryview(data)
                 self._check_layout(

@@ -20,6 +20,7 @@ import numpy.typing as npt
 from tokenmill import _core
 from tokenmill.common.atomic import FileStatus
 from tokenmill.common.mapping import map_readonly, open_readonly, resource_error
+from tokenmill.common.whole_read import read_whole
 from tokenmill.errors import DataFormatError, ResourceLimitError
 from tokenmill.formats.validate import check_npy_extent
 
@@ -99,12 +100,7 @@ def _read_small(
         OSError: from the read (errno and path), for _load to classify.
         DataFormatError: the file is not header + data exactly.
     """
-    error, _, data, size, inode, mtime_ns, ctime_ns, generation = _core.read_small_file(
-        path, _READ_WHOLE_BELOW, want_status, True
-    )
-    if error:
-        raise OSError(error, os.strerror(error), path)
-    status = FileStatus(size, inode, mtime_ns, ctime_ns, generation)
+    data, status = read_whole(path, _READ_WHOLE_BELOW, want_status, keep_open=True)
     if isinstance(data, int):
         return data, status
     if data is None:

@@ -45,7 +45,6 @@ Public API (used by the dataset caches and by ``tokenmill build-cache --check``)
 from __future__ import annotations
 
 import contextlib
-import errno
 import hashlib
 import json
 import os
@@ -53,9 +52,9 @@ import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
-from tokenmill import _core
 from tokenmill.common.atomic import FileStatus, WrittenFile
 from tokenmill.common.sidecar import check_header
+from tokenmill.common.whole_read import read_whole
 from tokenmill.errors import DataFormatError
 
 __all__ = [
@@ -257,21 +256,21 @@ def _read_fingerprint_dated(path: str | os.PathLike[str]) -> tuple[dict[str, Any
     """(payload, the sidecar's mtime in ns), or None if there is no sidecar."""
     path = os.fspath(path)
     # one call (open, fstat, read, close without the GIL): a warm start reads one per entry
-    error, _, raw, size, _, written_ns, _, _ = _core.read_small_file(path, _MAX_SIDECAR_BYTES)
-    if error == errno.ENOENT:
+    try:
+        raw, status = read_whole(path, _MAX_SIDECAR_BYTES)
+    except FileNotFoundError:
         return None
-    if error:
-        raise OSError(error, os.strerror(error), path)
     if not isinstance(raw, bytes):  # None: larger than the limit (an int only with keep_open)
         raise DataFormatError(
-            f"{path}: {size} bytes, larger than any fingerprint sidecar ({_MAX_SIDECAR_BYTES})"
+            f"{path}: {status.st_size} bytes, larger than any fingerprint sidecar "
+            f"({_MAX_SIDECAR_BYTES})"
         )
     try:
         payload = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, ValueError, RecursionError) as error:
         raise DataFormatError(f"{path}: not a JSON fingerprint ({error})") from None
     _validate(payload, path)
-    return dict(payload), int(written_ns)
+    return dict(payload), int(status.st_mtime_ns)
 
 
 def _current_against(

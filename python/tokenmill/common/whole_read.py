@@ -1,0 +1,41 @@
+"""Small files read whole by one call into the compiled core.
+
+A warm start reads five or so small files per source (the ``.idx``, three cached arrays, the data
+fingerprint): each through ``_core.read_small_file``, which opens, ``fstat``s, reads and closes
+without the GIL, straight into the ``bytes`` object returned. :func:`read_whole` is its one
+Python face: errors raised as ``OSError`` naming the path, the status as a
+:class:`~tokenmill.common.atomic.FileStatus`.
+"""
+
+from __future__ import annotations
+
+import os
+
+from tokenmill import _core
+from tokenmill.common.atomic import FileStatus
+
+__all__ = ["read_whole"]
+
+
+def read_whole(
+    path: str, limit: int, want_generation: bool = False, keep_open: bool = False
+) -> tuple[bytes | int | None, FileStatus]:
+    """(contents, status) of the file at `path`, read whole by one call if it has at most
+    `limit` bytes.
+
+    The contents are the file's bytes, or for a larger file None, or with `keep_open` its open
+    read-only descriptor, for the caller to map and close (no second open or ``fstat``). The
+    read asks for one byte more than ``fstat`` reported, so a file that grew since shows as
+    longer than its status says. The status carries the inode's generation only with
+    `want_generation` (-1 otherwise, or where the filesystem reports none).
+
+    Raises:
+        OSError: the open, ``fstat`` or read failed (errno and `path`; FileNotFoundError for a
+            missing file).
+    """
+    error, _, data, size, inode, mtime_ns, ctime_ns, generation = _core.read_small_file(
+        path, limit, want_generation, keep_open
+    )
+    if error:
+        raise OSError(error, os.strerror(error), path)
+    return data, FileStatus(size, inode, mtime_ns, ctime_ns, generation)
