@@ -603,3 +603,46 @@ def test_a_warm_building_rank_skips_the_idx_scan_only_for_proven_files(
     with pytest.raises(DataFormatError, match=r"s1\.idx"):
         open_blend()
     assert "s1.idx" in scanned
+
+
+def test_a_warm_blend_stats_each_data_file_once_for_its_data_checks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The blend's entry names the files its members' entries have just proven unchanged: one
+    ``stat`` per file serves both data checks (fingerprint.once_per_file). The ``.bin`` has one
+    more, the reader's own check of its size."""
+    from collections import Counter
+
+    from tokenmill.datasets.builder import BlendedMegatronDatasetBuilder
+    from tokenmill.datasets.gpt import GPTDataset
+    from tokenmill.index import fingerprint
+
+    rng = np.random.default_rng(5)
+    prefixes = [
+        write_megatron_shard(tmp_path / f"s{i}", random_documents(rng, 60)) for i in range(3)
+    ]
+    config = make_config(tmp_path / "cache", split="100,0,0", blend=(prefixes, [1, 2, 3]))
+    BlendedMegatronDatasetBuilder(GPTDataset, [100, 0, 0], lambda: True, config).build()
+    # a stat proves a file unchanged only if it last changed well before its sidecar was
+    # written (fingerprint.IDENTITY_MARGIN_NS): date the sidecars later
+    later = time.time_ns() + 10 * fingerprint.IDENTITY_MARGIN_NS
+    for sidecar in (tmp_path / "cache").glob("*-data.tokenmill.json"):
+        os.utime(sidecar, ns=(later, later))
+    stats: Counter[str] = Counter()
+    real_stat = os.stat
+
+    def counting(path: Any, *args: Any, **kwargs: Any) -> os.stat_result:
+        stats[os.fspath(path)] += 1
+        return real_stat(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "stat", counting)
+    hashed: list[str] = []
+    monkeypatch.setattr(fingerprint, "fingerprint_file", hashed.append)
+    BlendedMegatronDatasetBuilder(GPTDataset, [100, 0, 0], lambda: True, config).build()
+    monkeypatch.undo()
+    assert hashed == []  # every file proven by its stat
+    data_files = [prefix + suffix for prefix in prefixes for suffix in (".idx", ".bin")]
+    assert {path: stats[path] for path in data_files} == {
+        **{p + ".idx": 1 for p in prefixes},
+        **{p + ".bin": 2 for p in prefixes},
+    }

@@ -165,26 +165,41 @@ def _unchanged(status: os.stat_result, recorded: Mapping[str, Any], written_ns: 
 # names every member's files, so without it a blend of S sources fingerprints 2S files again for
 # each of its entries after each member's own entry did.
 _MEMO: dict[str, dict[str, Any]] | None = None
+# ... and the `stat` of each data file, taken once per block: a blend's entry checks the 2S
+# files its members' entries have just checked
+_STAT_MEMO: dict[str, os.stat_result] | None = None
 _MEMO_DEPTH = 0
 _MEMO_LOCK = threading.Lock()
 
 
 @contextlib.contextmanager
 def once_per_file() -> Iterator[None]:
-    """Within the block (one dataset build), fingerprint each data file at most once; the data
-    is assumed not to change during the build (a change is seen by the next build)."""
-    global _MEMO, _MEMO_DEPTH
+    """Within the block (one dataset build), fingerprint and ``stat`` each data file at most
+    once; the data is assumed not to change during the build (a change is seen by the next
+    build)."""
+    global _MEMO, _STAT_MEMO, _MEMO_DEPTH
     with _MEMO_LOCK:
         _MEMO_DEPTH += 1
         if _MEMO is None:
-            _MEMO = {}
+            _MEMO, _STAT_MEMO = {}, {}
     try:
         yield
     finally:
         with _MEMO_LOCK:
             _MEMO_DEPTH -= 1
             if _MEMO_DEPTH == 0:
-                _MEMO = None
+                _MEMO = _STAT_MEMO = None
+
+
+def _stat_once(path: str) -> os.stat_result:
+    """``os.stat(path)``, taken at most once inside a `once_per_file` block."""
+    memo = _STAT_MEMO
+    if memo is None:
+        return os.stat(path)
+    found = memo.get(path)
+    if found is None:
+        found = memo[path] = os.stat(path)
+    return found
 
 
 def _fingerprint_once(path: str) -> dict[str, Any]:
@@ -287,7 +302,7 @@ def _current_against(
         for suffix in DATA_SUFFIXES:
             path = prefix + suffix
             entry = old.get(prefix, {}).get(suffix) if isinstance(old.get(prefix), dict) else None
-            if isinstance(entry, dict) and _unchanged(os.stat(path), entry, written_ns):
+            if isinstance(entry, dict) and _unchanged(_stat_once(path), entry, written_ns):
                 files[suffix] = dict(entry)
             else:
                 files[suffix] = _fingerprint_once(path)
