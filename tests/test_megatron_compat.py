@@ -12,6 +12,7 @@ import importlib
 import inspect
 import itertools
 import logging
+import os
 import sys
 import types
 import warnings
@@ -465,6 +466,26 @@ def test_bin_readers_match_megatron(tmp_path: Path) -> None:
             )
     with pytest.raises(NotImplementedError, match="msc://"):
         OURS["indexed_dataset"]._MultiStorageClientBinReader("msc://p/x.bin", None)
+
+
+def test_the_mmap_bin_reader_keeps_no_descriptor_and_refuses_an_empty_file(
+    tmp_path: Path,
+) -> None:
+    """megatron-core's reader keeps the descriptor of its numpy.memmap (one per source of a
+    blend); tokenmill's keeps none. An empty .bin is a ValueError (numpy.memmap's refusal of an
+    empty file, in megatron-core; not run here: it leaks its file object)."""
+    prefix = write_megatron_shard(tmp_path / "r", random_documents(np.random.default_rng(5), 9))
+    before = len(os.listdir("/proc/self/fd"))
+    theirs = THEIRS["indexed_dataset"]._MMapBinReader(prefix + ".bin")
+    kept = len(os.listdir("/proc/self/fd"))
+    assert kept > before
+    ours = OURS["indexed_dataset"]._MMapBinReader(prefix + ".bin")
+    assert len(os.listdir("/proc/self/fd")) == kept
+    np.testing.assert_array_equal(ours.read(np.uint16, 9, 4), theirs.read(np.uint16, 9, 4))
+    empty = tmp_path / "empty.bin"
+    empty.write_bytes(b"")
+    with pytest.raises(ValueError, match=r"cannot map 0 bytes of .*empty\.bin"):
+        OURS["indexed_dataset"]._MMapBinReader(str(empty))
 
 
 # -- subclass hooks -------------------------------------------------------------------------

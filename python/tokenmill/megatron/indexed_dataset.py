@@ -27,6 +27,7 @@ from typing import Any
 import numpy
 
 from tokenmill.common.atomic import AtomicFile
+from tokenmill.common.mapping import map_readonly, open_readonly
 from tokenmill.formats.megatron import (
     INDEX_HEADER,
     DType,
@@ -155,11 +156,20 @@ class _BinReader(ABC):
 
 
 class _MMapBinReader(_BinReader):
-    """Zero-copy reads from a read-only memory map of the ``.bin``."""
+    """Zero-copy reads from a read-only memory map of the ``.bin``. The map keeps no descriptor
+    (`common.mapping.map_readonly`; megatron-core's ``numpy.memmap`` keeps one per reader). An
+    empty file raises ValueError, as megatron-core's does."""
 
     def __init__(self, bin_path: str) -> None:
-        self._bin_buffer_mmap = numpy.memmap(bin_path, mode="r", order="C")
-        self._bin_buffer = memoryview(self._bin_buffer_mmap.data)
+        descriptor = open_readonly(bin_path)
+        try:
+            size = os.fstat(descriptor).st_size
+            mapping = map_readonly(descriptor, size, bin_path)
+        finally:
+            os.close(descriptor)
+        # the bytes as megatron-core's reader holds them (a uint8 array over the map)
+        self._bin_buffer_mmap = numpy.frombuffer(mapping, dtype=numpy.uint8)
+        self._bin_buffer = self._bin_buffer_mmap.data
 
     def read(self, dtype: Any, count: int, offset: int) -> numpy.ndarray[Any, Any]:
         """A read-only view of `count` tokens at byte `offset`."""
