@@ -12,7 +12,6 @@ import http.client
 import http.server
 import socket
 import threading
-import time
 from collections import deque
 from typing import Any
 
@@ -71,9 +70,7 @@ class MotoServer:
 class FaultProxy:
     """A loopback HTTP proxy that forwards to ``upstream_port``, except for planned faults.
 
-    ``fail(n)`` answers the next n requests with 503 SlowDown, ``delay(n, seconds)`` holds the
-    next n requests before forwarding them (longer than the client's read timeout: a timeout),
-    ``drop(n)`` closes the connection without an answer, ``hang(n)`` (and ``hang_when``, for
+    ``fail(n)`` answers the next n requests with 503 SlowDown, ``drop(n)`` closes the connection without an answer, ``hang(n)`` (and ``hang_when``, for
     the requests a predicate picks) answers nothing until the client gives up and closes the
     connection: a read timeout decided by the client's clock alone, not by a race between two
     timers on a loaded machine.
@@ -81,7 +78,7 @@ class FaultProxy:
 
     def __init__(self, upstream_port: int) -> None:
         self.upstream_port = upstream_port
-        self.plan: deque[tuple[str, float]] = deque()
+        self.plan: deque[str] = deque()
         self.lock = threading.Lock()
         self.requests = 0
         self.faults = 0
@@ -98,17 +95,16 @@ class FaultProxy:
                 with proxy.lock:
                     proxy.requests += 1
                     proxy.log.append((self.command, self.path))
-                    action = proxy.plan.popleft() if proxy.plan else ("forward", 0.0)
+                    kind = proxy.plan.popleft() if proxy.plan else "forward"
                     predicate = proxy.hang_predicate
                     if (
-                        action[0] == "forward"
+                        kind == "forward"
                         and predicate is not None
                         and predicate(self.command, self.path, self.headers)
                     ):
-                        action = ("hang", 0.0)
-                    if action[0] != "forward":
+                        kind = "hang"
+                    if kind != "forward":
                         proxy.faults += 1
-                kind, seconds = action
                 if kind == "fail":
                     body = (
                         b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>SlowDown</Code>'
@@ -125,8 +121,6 @@ class FaultProxy:
                     self.close_connection = True
                     self.connection.shutdown(socket.SHUT_RDWR)
                     return
-                if kind == "delay":
-                    time.sleep(seconds)
                 if kind == "hang":
                     self._hang()
                     return
@@ -195,19 +189,15 @@ class FaultProxy:
 
     def fail(self, count: int) -> None:
         with self.lock:
-            self.plan.extend([("fail", 0.0)] * count)
-
-    def delay(self, count: int, seconds: float) -> None:
-        with self.lock:
-            self.plan.extend([("delay", seconds)] * count)
+            self.plan.extend(["fail"] * count)
 
     def drop(self, count: int) -> None:
         with self.lock:
-            self.plan.extend([("drop", 0.0)] * count)
+            self.plan.extend(["drop"] * count)
 
     def hang(self, count: int) -> None:
         with self.lock:
-            self.plan.extend([("hang", 0.0)] * count)
+            self.plan.extend(["hang"] * count)
 
     def hang_when(self, predicate: Any) -> None:
         """Hang every request for which ``predicate(command, path, headers)`` is true."""
