@@ -8,6 +8,7 @@ import pickle
 import struct
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -922,3 +923,71 @@ def test_map_readonly_reports_a_failed_mmap_with_its_errno(tmp_path: Path) -> No
 
     with pytest.raises(ValueError, match=r"cannot map 0 bytes"):
         _core.map_readonly(0, 0)
+
+
+def test_the_interpreter_exits_cleanly_while_a_daemon_thread_runs_a_kernel_on_mapped_data(
+    tmp_path: Path,
+) -> None:
+    """A daemon thread (a prefetcher, the blend computed ahead) may still be inside a kernel,
+    without the GIL, when the main thread exits. Before Python 3.14 taking the GIL back then ends
+    the thread with pthread_exit, whose unwinding through pybind11's GIL guard aborted the
+    process (SIGABRT, "terminate called without an active exception"); the bindings' guard
+    (ReleasedGil) parks such a thread instead. Its maps stay: it still holds their arrays."""
+    rng = np.random.default_rng(11)
+    prefix = tmp_path / "data"
+    write(prefix, [rng.integers(1, 900, int(n)).tolist() for n in rng.integers(1, 8, 6000)])
+    assert os.path.getsize(f"{prefix}.idx") > (1 << 16)  # mapped, not read
+    child = textwrap.dedent(
+        f"""
+        import sys, threading
+        import numpy as np
+        from tokenmill.formats.megatron import IndexedDataset
+        from tokenmill.index.gpt_index import num_tokens_per_epoch
+
+        dataset = IndexedDataset({str(prefix)!r})
+        lengths = dataset.index.sequence_lengths
+        # 3 million ids: the thread spends nearly all its time in the kernel, without the GIL
+        ids = np.tile(np.arange(len(lengths), dtype=np.int32), 500)
+        started = threading.Event()
+
+        def count_forever():
+            while True:
+                num_tokens_per_epoch(lengths, ids)
+                started.set()
+
+        threading.Thread(target=count_forever, daemon=True).start()
+        started.wait()
+        sys.exit(0)
+        """
+    )
+    for _ in range(5):
+        done = subprocess.run([sys.executable, "-c", child], capture_output=True, timeout=120)
+        assert done.returncode == 0, done.stderr.decode()[-2000:]
+
+
+def test_the_finalizing_main_thread_still_runs_kernels(tmp_path: Path) -> None:
+    """The guard parks only other threads: the main thread, finalizing the interpreter, still
+    gets the GIL back after a kernel (an object freed at exit whose finalizer reads a file)."""
+    path = tmp_path / "small.bin"
+    path.write_bytes(b"x" * 100)
+    child = textwrap.dedent(
+        f"""
+        import os, sys
+        from tokenmill import _core
+
+        class ReadsWhenFreed:
+            def __init__(self):
+                # a binding that releases the GIL and needs no import (shutdown refuses those)
+                self.read, self.write = _core.read_small_file, os.write
+
+            def __del__(self):
+                found = self.read({str(path)!r}, 1 << 10)[2]
+                self.write(1, b"read %d bytes at exit" % len(found))  # sys.stdout may be gone
+
+        last = ReadsWhenFreed()
+        sys.exit(0)
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", child], capture_output=True, timeout=120)
+    assert done.returncode == 0, done.stderr.decode()[-2000:]
+    assert done.stdout.decode() == "read 100 bytes at exit", done.stderr.decode()[-2000:]

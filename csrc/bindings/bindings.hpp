@@ -10,6 +10,25 @@ namespace tokenmill::bindings {
 
 namespace py = pybind11;
 
+// The GIL released for the scope of a kernel call: every binding uses this, not
+// py::gil_scoped_release. Taking the GIL back can end the thread: before Python 3.14 a thread
+// that asks for it while the interpreter finalizes (a daemon thread, such as a prefetcher, still
+// gathering when the main thread exits) is ended by pthread_exit, whose forced unwind through
+// pybind11's noexcept destructor calls std::terminate and aborts the process (SIGABRT) instead
+// of letting it exit. Such a thread is parked here until the process ends. If finalizing starts
+// while the thread already waits for the GIL, the unwind passes through this destructor
+// (noexcept(false)) to pybind11's dispatcher, which lets it through.
+class ReleasedGil {
+ public:
+  ReleasedGil() : state_(PyEval_SaveThread()) {}
+  ~ReleasedGil() noexcept(false);
+  ReleasedGil(const ReleasedGil&) = delete;
+  ReleasedGil& operator=(const ReleasedGil&) = delete;
+
+ private:
+  PyThreadState* state_;
+};
+
 void register_formats(py::module_& m);    // formats.cpp: token scan
 void register_gpt_index(py::module_& m, py::module_& testing);  // gpt_index.cpp
 void register_blending(py::module_& m, py::module_& testing);   // blending.cpp

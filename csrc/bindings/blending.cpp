@@ -72,7 +72,7 @@ void build_blending_indices(const py::array& weights_array, py::array dataset_in
   check_blend_outputs(dataset_index, dataset_sample_index);
   auto samples = output_span<int64_t>(dataset_sample_index, "dataset_sample_index");
   auto run = [&](auto ids) {
-    py::gil_scoped_release release;  // buffers are owned by the caller for the whole call
+    ReleasedGil release;  // buffers are owned by the caller for the whole call
     tokenmill::build_blending_indices(weights, ids, samples, options);
   };
   if (has_dtype<int16_t>(dataset_index)) {
@@ -108,7 +108,7 @@ void build_exhaustive_blending_indices(const py::array& sizes_array, py::array d
   }
   auto samples = output_span<int64_t>(dataset_sample_index, "dataset_sample_index");
   auto run = [&](auto ids) {
-    py::gil_scoped_release release;  // buffers are owned by the caller for the whole call
+    ReleasedGil release;  // buffers are owned by the caller for the whole call
     tokenmill::build_exhaustive_blending_indices(sizes, ids, samples, options);
   };
   if (has_dtype<int16_t>(dataset_index)) {

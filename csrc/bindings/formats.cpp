@@ -43,7 +43,7 @@ py::array_t<int64_t> find_token_positions(const py::array& tokens, const py::int
     const auto value = token_as<T>(token);
     std::vector<int64_t> positions;
     if (value) {
-      py::gil_scoped_release release;  // read-only scan of a buffer the caller keeps alive
+      ReleasedGil release;  // read-only scan of a buffer the caller keeps alive
       positions = tokenmill::find_token_positions(span, *value, num_threads);
     }
     const auto size = static_cast<py::ssize_t>(positions.size());
@@ -56,7 +56,7 @@ int64_t count_token(const py::array& tokens, const py::int_& token, int num_thre
     using T = std::remove_const_t<typename decltype(span)::element_type>;
     const auto value = token_as<T>(token);
     if (!value) return 0;
-    py::gil_scoped_release release;  // read-only scan of a buffer the caller keeps alive
+    ReleasedGil release;  // read-only scan of a buffer the caller keeps alive
     return tokenmill::count_token(span, *value, num_threads);
   });
 }
@@ -72,7 +72,7 @@ py::tuple check_megatron_index_arrays(const py::array& lengths, const py::array&
   const auto boundary_span = input_unaligned<int64_t>(boundaries, "document_indices");
   IndexVerdict verdict;
   {
-    py::gil_scoped_release release;  // read-only pass over buffers the caller keeps alive
+    ReleasedGil release;  // read-only pass over buffers the caller keeps alive
     verdict = check_megatron_index(length_span, pointer_span, boundary_span, itemsize);
   }
   return py::make_tuple(static_cast<int>(verdict.violation), verdict.index, verdict.expected,

@@ -262,7 +262,7 @@ class Gatherer {
     outputs.max_seqlen = out.widest;
     std::vector<int64_t> bounds(4 * indices.size());
     // Safe without the GIL: every buffer is owned by this object or the caller for the call.
-    py::gil_scoped_release release;
+    ReleasedGil release;
     resolve(indices, bounds);
     tokenmill::gather_samples(std::span<const int64_t>(bounds), document_span_, pointers_span_,
                               lengths_span_, tokens, rows, options, outputs);

@@ -20,7 +20,7 @@ void check_documents(UnalignedSpan<int32_t> sizes, std::span<const int32_t> docu
                      const char* name) {
   int64_t bad = -1;
   {
-    py::gil_scoped_release release;  // a read-only scan of buffers the caller keeps alive
+    ReleasedGil release;  // a read-only scan of buffers the caller keeps alive
     bad = tokenmill::find_out_of_range(documents, static_cast<int64_t>(sizes.size()));
   }
   if (bad >= 0) {
@@ -42,7 +42,7 @@ void shuffle_like_numpy(py::array values, int64_t seed) {
   tokenmill::NumpyRandomState random(check_seed(seed));
   if (values.ndim() != 1) fail_value("values must be 1-D, got ndim " + std::to_string(values.ndim()));
   auto run = [&](auto span) {
-    py::gil_scoped_release release;  // the buffer is owned by the caller for the whole call
+    ReleasedGil release;  // the buffer is owned by the caller for the whole call
     tokenmill::shuffle_like_numpy(span, random);
   };
   if (has_dtype<int32_t>(values)) {
@@ -60,7 +60,7 @@ int64_t sum_selected_lengths(const py::array& sizes_array, const py::array& indi
   auto sizes = input_unaligned<int32_t>(sizes_array, "sizes");
   auto indices = input_span<int32_t>(indices_array, "indices");
   check_documents(sizes, indices, "indices");
-  py::gil_scoped_release release;  // read-only loop over caller-owned buffers
+  ReleasedGil release;  // read-only loop over caller-owned buffers
   return tokenmill::sum_selected_lengths(sizes, indices);
 }
 
@@ -95,7 +95,7 @@ void build_sample_index(const py::array& sizes_array, const py::array& document_
   check_sample_index_fits(sample_index, static_cast<int64_t>(documents.size()));
   check_documents(sizes, documents, "document_index");
   auto run = [&](auto rows) {
-    py::gil_scoped_release release;  // buffers are owned by the caller for the whole call
+    ReleasedGil release;  // buffers are owned by the caller for the whole call
     tokenmill::build_sample_index(sizes, documents, sequence_length, extra_token, rows,
                                   num_threads);
   };
@@ -148,7 +148,7 @@ void build_gpt_indices(const py::array& sizes_array, const py::array& indices_ar
                std::to_string(shuffle_split));
   }
   auto run = [&](auto rows, auto order) {
-    py::gil_scoped_release release;  // buffers are owned by the caller for the whole call
+    ReleasedGil release;  // buffers are owned by the caller for the whole call
     tokenmill::build_gpt_indices(sizes, indices, plan, documents, rows, order);
   };
   auto with_rows = [&](auto rows) {

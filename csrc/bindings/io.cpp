@@ -57,7 +57,7 @@ class PyFileWriter {
 
   ~PyFileWriter() {
     {
-      py::gil_scoped_release release;  // queued jobs finish without Python
+      ReleasedGil release;  // queued jobs finish without Python
       writer_.reset();
     }
     jobs_.clear();  // the buffer views are released with the GIL held
@@ -95,7 +95,7 @@ class PyFileWriter {
 
   // fsync every path, all in flight at once; (errno, failed step) per path
   std::vector<std::pair<int, int>> sync_all(const std::vector<std::string>& paths) {
-    py::gil_scoped_release release;
+    ReleasedGil release;
     std::vector<uint64_t> tickets;
     tickets.reserve(paths.size());
     std::vector<std::pair<int, int>> outcomes;
@@ -125,7 +125,7 @@ class PyFileWriter {
     }
     FileWriteOutcome outcome;
     {
-      py::gil_scoped_release release;
+      ReleasedGil release;
       outcome = writer_->wait(ticket);
     }
     PendingJob done;
@@ -176,7 +176,7 @@ class PyFileWriter {
     }
     std::vector<uint64_t> tickets;
     try {
-      py::gil_scoped_release release;
+      ReleasedGil release;
       tickets = submit_to_writer();
     } catch (...) {
       std::lock_guard<std::mutex> lock(jobs_mutex_);
@@ -209,7 +209,7 @@ void inject_file_fault(const std::string& step, int count, int error, bool pause
 }  // namespace
 
 int sync_filesystem_of(int descriptor, const std::string& label) {
-  py::gil_scoped_release release;
+  ReleasedGil release;
   return sync_filesystem(descriptor, label);
 }
 
@@ -217,7 +217,7 @@ py::tuple read_small_file_into_bytes(const std::string& path, uint64_t limit,
                                      bool want_generation, bool keep_open) {
   OpenedForRead opened;
   {
-    py::gil_scoped_release release;
+    ReleasedGil release;
     opened = open_for_read(path, want_generation);
   }
   auto outcome = [&](int error, int step, py::object data) {
@@ -239,7 +239,7 @@ py::tuple read_small_file_into_bytes(const std::string& path, uint64_t limit,
   }
   ReadOutcome read;
   {
-    py::gil_scoped_release release;
+    ReleasedGil release;
     read = read_and_close(opened.descriptor, PyBytes_AS_STRING(raw), static_cast<size_t>(capacity));
   }
   if (read.error != 0) {
@@ -277,7 +277,7 @@ std::unique_ptr<ReadOnlyMap> map_readonly_region(int descriptor, uint64_t length
   }
   MappedRegion region;
   {
-    py::gil_scoped_release release;
+    ReleasedGil release;
     region = map_region(descriptor, static_cast<size_t>(length));
   }
   if (region.error != 0) {

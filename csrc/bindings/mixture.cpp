@@ -68,7 +68,7 @@ void draw_chunk_sources(const py::array_t<uint64_t, py::array::c_style>& thresho
   }
   const std::span<int32_t> chunks(out.mutable_data(), static_cast<size_t>(out.shape(0)));
   const tokenmill::PhiloxKey philox_key = words<2>(key, "key");
-  py::gil_scoped_release release;  // pure arithmetic over buffers the caller keeps alive
+  ReleasedGil release;  // pure arithmetic over buffers the caller keeps alive
   tokenmill::draw_chunk_sources(limits, philox_key, stream, draw, first_chunk, chunks);
 }
 

@@ -1,15 +1,53 @@
 // tokenmill._core: the compiled kernels (private; the package API wraps them), and
 // tokenmill._core._testing: entry points only tests use (forced kernels, fault injection,
 // introspection). Both are in the one extension so CI tests the binary that ships.
+#include <pthread.h>
 #include <pybind11/pybind11.h>
+
+#include <atomic>
+#include <chrono>
+#include <thread>
 
 #include "bindings.hpp"
 
 namespace py = pybind11;
 
+namespace tokenmill::bindings {
+namespace {
+
+// The thread that finalizes the interpreter, which must never be parked: Python's main thread
+// (in a forked child, the thread that forked, which Python makes the child's main thread).
+std::atomic<unsigned long> main_thread_ident{0};
+
+void forked_child() { main_thread_ident.store(PyThread_get_thread_ident()); }
+
+bool interpreter_finalizing() {
+#if PY_VERSION_HEX >= 0x030D0000
+  return Py_IsFinalizing() != 0;
+#else
+  return _Py_IsFinalizing() != 0;
+#endif
+}
+
+}  // namespace
+
+ReleasedGil::~ReleasedGil() noexcept(false) {
+#if PY_VERSION_HEX < 0x030E0000  // from 3.14 on, Python parks such a thread itself
+  if (interpreter_finalizing() && PyThread_get_thread_ident() != main_thread_ident.load()) {
+    for (;;) std::this_thread::sleep_for(std::chrono::hours(1));  // until the process exits
+  }
+#endif
+  PyEval_RestoreThread(state_);
+}
+
+}  // namespace tokenmill::bindings
+
 PYBIND11_MODULE(_core, m, py::mod_gil_not_used()) {
   using namespace tokenmill::bindings;
   m.doc() = "tokenmill's compiled kernels (private: use the tokenmill package API)";
+  main_thread_ident.store(
+      py::module_::import("threading").attr("main_thread")().attr("ident").cast<unsigned long>());
+  pthread_atfork(nullptr, nullptr, &forked_child);
   py::module_ testing = m.def_submodule(
       "_testing", "Test-only entry points of tokenmill._core (forced kernels, fault injection).");
   // `import tokenmill._core._testing` (and stubtest) finds a submodule through sys.modules.

@@ -44,7 +44,7 @@ py::tuple plan_packing(const py::array& lengths_array, int64_t row_length, int64
   options.num_threads = num_threads;
   tokenmill::PackingPlan plan;
   {
-    py::gil_scoped_release release;  // reads the caller's lengths buffer, writes C++ vectors
+    ReleasedGil release;  // reads the caller's lengths buffer, writes C++ vectors
     plan = tokenmill::plan_packing(lengths, options);
   }
   const auto entries = static_cast<py::ssize_t>(plan.entries.size() / 5);
@@ -114,7 +114,7 @@ void gather_packed_rows(const py::array& entries_array, const py::array& row_off
     if constexpr (std::is_same_v<std::remove_const_t<T>, uint64_t>) {
       throw py::type_error("tokens must be (u)int8/16, (u)int32 or int64, got uint64");
     } else {
-      py::gil_scoped_release release;  // every buffer is owned by the caller for the call
+      ReleasedGil release;  // every buffer is owned by the caller for the call
       tokenmill::gather_packed_rows(entries, row_offsets, rows, pointers, lengths, token_span,
                                     options, ids, targets, positions, documents, bounds);
     }

@@ -42,7 +42,7 @@ void throw_in_worker(const std::string& kind) {
                           "RuntimeError, got '" + kind + "'");
   }
   if (usable_threads(2) < 2) throw std::runtime_error("throw_in_worker needs two usable CPUs");
-  py::gil_scoped_release release;  // the parts never touch Python
+  ReleasedGil release;  // the parts never touch Python
   const std::thread::id caller = std::this_thread::get_id();
   std::mutex mutex;
   std::condition_variable started;
@@ -69,7 +69,7 @@ void throw_in_worker(const std::string& kind) {
 std::vector<int> run_parts(size_t parts, int threads) {
   std::vector<std::thread::id> ran(parts);
   {
-    py::gil_scoped_release release;  // the parts never touch Python
+    ReleasedGil release;  // the parts never touch Python
     parallel_for(parts, threads, [&](size_t part) { ran[part] = std::this_thread::get_id(); });
   }
   std::map<std::thread::id, int> number{{std::this_thread::get_id(), 0}};

@@ -33,7 +33,7 @@ py::tuple run_pack(size_t capacity, Pack&& pack) {
   std::vector<int64_t> lengths;
   tokenmill::PackResult result;
   {
-    py::gil_scoped_release release;
+    ReleasedGil release;
     std::span<uint8_t> out(reinterpret_cast<uint8_t*>(PyBytes_AS_STRING(raw)), capacity);
     result = pack(out, lengths);
   }
@@ -98,7 +98,7 @@ py::array_t<int64_t> find_code_points(const py::buffer& packed, const py::array&
   }
   std::vector<int64_t> positions;
   {
-    py::gil_scoped_release release;  // read-only scan of buffers the caller keeps alive
+    ReleasedGil release;  // read-only scan of buffers the caller keeps alive
     positions = tokenmill::find_code_points(input, bounds);
   }
   const auto size = static_cast<py::ssize_t>(positions.size());
