@@ -400,13 +400,14 @@ class GPTDataset(MegatronDataset):
             # the builder postponed the .idx scan (deferred_index_scans): skipped when this
             # entry's data fingerprint proves the .idx and .bin are the files its builder
             # scanned, run here otherwise, before any array of the index is read
+            prefixes = self.data_prefixes()
             proven = (
                 self._cache is not None
                 and not self.config.defer_npy_index_mmap
                 and not self.config.fast_cache_load
                 and self.config.cache_data_check != "off"
-                and bool(self.data_prefixes())
-                and self._cache.data_proven_unchanged(self.data_prefixes())
+                and bool(prefixes)
+                and self._cache.data_proven_unchanged(prefixes)
             )
             finish_index_scan(self.dataset, proven)
         if self.config.defer_npy_index_mmap:
