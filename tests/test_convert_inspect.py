@@ -133,3 +133,111 @@ def test_plot_without_matplotlib(
     assert code == 2
     assert f"tokenmill {command}: error: --plot needs matplotlib" in capsys.readouterr().err
     assert not (tmp_path / "h.png").exists()
+
+
+def nemo_processor_shard(path: Path, documents: list[list[int]], itemsize: int) -> None:
+    """A shard as NeMo Automodel's tools/nanogpt_data_processor.py lays it out (new magic,
+    header[3] = bytes per token), with its .bos.idx as that writer fills it: for each document
+    written, the file offset in bytes before it (header included) plus the token index of each
+    BOS within the document, as int32."""
+    header = np.zeros(256, "<i4")
+    header[:4] = [278895051, 1, sum(map(len, documents)), itemsize]
+    body, index, offset = [], [], 1024
+    for document in documents:
+        array = np.asarray(document, dtype=f"<u{itemsize}")
+        index += (offset + np.flatnonzero(array == document[0])).tolist()
+        body.append(array.tobytes())
+        offset += array.nbytes
+    path.write_bytes(header.tobytes() + b"".join(body))
+    path.with_suffix(".bos.idx").write_bytes(np.asarray(index, "<i4").tobytes())
+
+
+def test_convert_rebuilds_a_foreign_bos_index_given_bos_token(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tokenmill.formats.bos_index import read_bos_index
+    from tokenmill.formats.nanogpt import NanogptShard
+
+    bos = 7
+    rng = np.random.default_rng(3)
+    documents = [[bos, *rng.integers(10, 500, int(rng.integers(1, 40))).tolist()] for _ in range(30)]  # fmt: skip
+    (tmp_path / "nemo").mkdir()
+    nemo_processor_shard(tmp_path / "nemo" / "dataset.bin", documents, 2)
+    assert main(["convert", str(tmp_path / "nemo"), str(tmp_path / "refused"), "--to", "nanogpt", "-q"]) == 1  # fmt: skip
+    err = capsys.readouterr().err
+    assert "dataset.bos.idx" in err and "pass --bos-token ID to rebuild" in err
+    out = tmp_path / "fixed"
+    assert main(["convert", str(tmp_path / "nemo"), str(out), "--to", "nanogpt", "--bos-token", str(bos), "-q"]) == 0  # fmt: skip
+    shard = NanogptShard(out / "dataset.bin")
+    assert shard.tokens.tolist() == [t for d in documents for t in d]
+    starts = np.cumsum([0] + [len(d) for d in documents[:-1]])
+    assert read_bos_index(out / "dataset.bos.idx", len(shard)).positions.tolist() == starts.tolist()
+
+
+def test_convert_bos_token_must_fit_and_occur(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    np.arange(1, 100, dtype=np.uint16).tofile(tmp_path / "raw.bin")
+    base = ["convert", str(tmp_path / "raw.bin"), str(tmp_path / "o"), "--to", "nanogpt", "--dtype", "uint16", "-q"]  # fmt: skip
+    for value, message in [("70000", "cannot occur .* uint16 \\(ids 0..65535\\)"),
+                           ("-1", "cannot occur"), ("500", "does not occur in .*99 tokens")]:  # fmt: skip
+        assert main([*base, "--bos-token", value]) == 1
+        assert __import__("re").search(message, capsys.readouterr().err), value
+    assert not (tmp_path / "o").exists() or not list((tmp_path / "o").iterdir())
+
+
+def test_convert_dtype_means_input_and_output(tmp_path: Path) -> None:
+    tokens = np.arange(1, 200, dtype=np.uint16)
+    tokens.tofile(tmp_path / "raw.bin")
+    prefix = str(tmp_path / "m")
+    assert main(["convert", str(tmp_path / "raw.bin"), prefix, "--to", "megatron", "--dtype", "uint16", "-q"]) == 0  # fmt: skip
+    assert IndexedDataset(prefix).dtype == np.uint16
+    assert tokens_of(prefix) == [tokens.tolist()]
+    wide = str(tmp_path / "w")
+    assert main(["convert", str(tmp_path / "raw.bin"), wide, "--to", "megatron", "--input-dtype", "uint16", "--output-dtype", "int32", "-q"]) == 0  # fmt: skip
+    assert IndexedDataset(wide).dtype == np.int32 and tokens_of(wide) == [tokens.tolist()]
+    # a .npy source keeps its header's dtype; --dtype then names only the output
+    np.save(tmp_path / "t.npy", tokens.astype(np.uint32))
+    assert main(["convert", str(tmp_path / "t.npy"), str(tmp_path / "n"), "--to", "npy", "--dtype", "uint16", "-q"]) == 0  # fmt: skip
+    assert np.load(tmp_path / "n" / "t.npy").dtype == np.uint16
+
+
+def test_olmo_layout_round_trip(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """OLMo-core's token files: headerless tokens named .npy, dtype in a sidecar or given."""
+    from tokenmill.datasets.memory_mapped import MemoryMappedDataset
+    from tokenmill.formats.token_dir import open_token_file
+
+    documents = random_documents(np.random.default_rng(1), 20, vocab_size=60000)
+    prefix = write_megatron_shard(tmp_path / "src", documents, np.int32)
+    out = tmp_path / "olmo"
+    assert main(["convert", prefix, str(out), "--to", "olmo", "-q"]) == 0
+    raw = (out / "src.npy").read_bytes()
+    flat = [t for d in documents for t in d]
+    assert np.frombuffer(raw, "<u4").tolist() == flat  # no header: OLMo-core's layout
+    assert json.loads((out / "tokenmill.json").read_text())["dtype"] == "uint32"
+    assert open_token_file(out / "src.npy").tolist() == flat  # the sidecar names the dtype
+    (out / "tokenmill.json").unlink()
+    with pytest.raises(Exception, match="OLMo-core token file.*dtype is ambiguous"):
+        open_token_file(out / "src.npy")
+    assert open_token_file(out / "src.npy", np.uint32).tolist() == flat
+    dataset = MemoryMappedDataset(out, 5, dtype=np.uint32)
+    assert dataset[0]["input_ids"].tolist() == flat[:4]
+    back = str(tmp_path / "back")
+    assert main(["convert", str(out / "src.npy"), back, "--to", "megatron", "--dtype", "uint32", "--eos-token", "0", "-q"]) == 0  # fmt: skip
+    assert [t for d in tokens_of(back) for t in d] == flat
+    assert main(["inspect", str(out / "src.npy"), "--dtype", "uint32", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["format"] == "olmo" and report["tokens"] == len(flat)
+
+
+def test_convert_to_nanogpt_respects_the_shard_cap(tmp_path: Path) -> None:
+    from tokenmill.formats.nanogpt import NanogptShard
+
+    tokens = np.arange(1, 1001, dtype=np.uint16)
+    tokens.tofile(tmp_path / "raw.bin")
+    out = tmp_path / "n"
+    assert main(["convert", str(tmp_path / "raw.bin"), str(out), "--to", "nanogpt", "--dtype", "uint16", "--shard-tokens", "300", "-q"]) == 0  # fmt: skip
+    shards = sorted(out.glob("raw_*.bin"))
+    assert [len(NanogptShard(p)) for p in shards] == [300, 300, 300, 100]
+    assert np.concatenate([NanogptShard(p).tokens for p in shards]).tolist() == tokens.tolist()
+    assert main(["convert", str(tmp_path / "raw.bin"), str(tmp_path / "x"), "--to", "nanogpt", "--dtype", "uint16", "--shard-tokens", str(2**30), "-q"]) == 1  # fmt: skip

@@ -101,8 +101,9 @@ def test_every_window_once_for_any_world(tmp_path: Path, files: int, align: bool
     for ranks in (1, 2, 3, 4):
         for workers in (1, 2, 3):  # DataLoader num_workers 0 counts as one worker
             dataset = NanogptDataset(
-                paths, SEQ, bos_token=BOS, align_to_bos=align, shuffle_files=True, seed=11
-            )
+                paths, SEQ, bos_token=BOS, align_to_bos=align, shuffle_files=True, seed=11,
+                worker_split="once",
+            )  # fmt: skip
             got = read_all(dataset, ranks, workers)
             counts = collections.Counter(got)
             assert max(counts.values()) == 1, (ranks, workers)
@@ -111,6 +112,48 @@ def test_every_window_once_for_any_world(tmp_path: Path, files: int, align: bool
             if files >= ranks * workers:  # whole files: the same windows whatever the split
                 assert sorted(got) == sorted(expected_windows(paths, [0], 1, align) if files == 1
                                              else expected_windows(paths, list(range(files)), 1, align))  # fmt: skip
+
+
+def test_nemo_split_of_several_files(tmp_path: Path) -> None:
+    """NeMo's rule: files g, g+T, ...; a reader left with one file reads only its g-th T-th of
+    it; a reader with no file reads every file (tests/test_interop_nemo.py runs NeMo itself)."""
+    paths = make_shards(tmp_path, [100, 200, 300])
+    dataset = NanogptDataset(paths, SEQ)
+    spans = {g: [(p.file, p.start, p.end) for p in dataset.parts(0, g, 3)] for g in range(3)}
+    assert spans == {0: [(0, 0, 33)], 1: [(1, 66, 132)], 2: [(2, 200, 300)]}
+    assert [(p.file, p.start, p.end) for p in dataset.parts(0, 1, 2)] == [(1, 100, 200)]
+    assert [(p.file, p.end) for p in dataset.parts(0, 0, 2)] == [(0, 100), (2, 300)]
+    assert [(p.file, p.start, p.end) for p in dataset.parts(0, 3, 4)] == [
+        (0, 0, 100), (1, 0, 200), (2, 0, 300)]  # fmt: skip
+    once = NanogptDataset(paths, SEQ, worker_split="once")
+    assert [(p.file, p.start, p.end) for p in once.parts(0, 1, 3)] == [(1, 0, 200)]
+    with pytest.raises(ValueError, match="worker_split"):
+        NanogptDataset(paths, SEQ, worker_split="each")  # type: ignore[arg-type]
+
+
+def test_zero_windows_raise_instead_of_yielding_nothing(tmp_path: Path) -> None:
+    short = tmp_path / "short"
+    short.mkdir()
+    paths = make_shards(short, [5, 6])
+    with pytest.raises(ValueError, match=r"no window of seq_len \+ 1 = 8 tokens .*11 tokens"):
+        next(iter(NanogptDataset(paths, SEQ)))
+    no_bos = tmp_path / "no_bos"
+    no_bos.mkdir()
+    paths = make_shards(no_bos, [64, 64])  # tokens 1..128: no BOS (0) anywhere
+    with pytest.raises(ValueError, match="starting at BOS token 0"):
+        list(NanogptDataset(paths, SEQ, bos_token=BOS, align_to_bos=True))
+    (path,) = make_shards(tmp_path, [20])
+    # windows of 7 over NeMo's parts [0, 6), [6, 12), [12, 20) of 3 readers: 0, 0, 1
+    finite = NanogptDataset(path, 6)
+    assert finite.windows_per_reader(3) == [0, 0, 1]
+    finite.world = World(0, 1, 0, 3)
+    assert list(finite) == []  # an empty reader of a finite epoch, while reader 2 has one
+    finite.world = World(0, 1, 2, 3)
+    assert len(list(finite)) == 1
+    looping = NanogptDataset(path, 6, infinite=True)
+    looping.world = World(0, 1, 0, 3)
+    with pytest.raises(ValueError, match=r"reader 0 of 3 .* loop without ever yielding"):
+        next(iter(looping))
 
 
 def test_nemo_single_file_split(tmp_path: Path) -> None:
@@ -146,7 +189,8 @@ def test_epoch_ends_unless_infinite(tmp_path: Path) -> None:
 
 def resume_case(tmp_path: Path, ranks: int, workers: int, seed: int, align: bool) -> None:
     paths = make_shards(tmp_path, [90, 143, 77], bos_every=5, seed=seed)
-    options = {"bos_token": BOS, "align_to_bos": align, "shuffle_files": True, "seed": 3}
+    options = {"bos_token": BOS, "align_to_bos": align, "shuffle_files": True, "seed": 3,
+               "worker_split": "once"}  # fmt: skip
     full = sorted(read_all(NanogptDataset(paths, SEQ, **options), ranks, workers))
     rng = np.random.default_rng(seed)
     dataset = NanogptDataset(paths, SEQ, **options)

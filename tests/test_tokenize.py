@@ -728,3 +728,46 @@ def test_builder_refuses_to_blend_shards_of_different_tokenizers(
         builder([str(tmp_path / "bpe")], bytes_tokenizer).build()
     train, _, _ = builder([str(tmp_path / "bytes")] * 2, bytes_tokenizer).build()
     assert len(train) == 20
+
+
+def test_cli_prepend_bos_turns_eod_off_and_says_which_markers(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """With the byte tokenizer (BOS 256, EOD 257): EOD after each document by default; with
+    --prepend-bos, BOS only unless --append-eod asks for both; the markers line says which."""
+    from tokenmill.cli.main import main
+
+    corpus = write_corpus(tmp_path / "c.jsonl", ["ab", "c"])
+    cases = [([], [97, 98, 257, 99, 257], "no BOS, EOD 257 after each document"),
+             (["--prepend-bos"], [256, 97, 98, 256, 99], "BOS 256 before each document, no EOD"),
+             (["--prepend-bos", "--append-eod"], [256, 97, 98, 257, 256, 99, 257],
+              "BOS 256 before each document, EOD 257 after each document"),
+             (["--no-append-eod"], [97, 98, 99], "no BOS, no EOD")]  # fmt: skip
+    for number, (flags, tokens, markers) in enumerate(cases):
+        prefix = tmp_path / f"out{number}"
+        assert main(["tokenize", str(corpus), "-o", str(prefix), "--workers", "0", *flags]) == 0
+        assert f"[tokenize] markers: {markers}" in capsys.readouterr().err
+        assert IndexedDataset(str(prefix))._tokens.tolist() == tokens
+    # nanogpt output: one BOS per document, so .bos.idx lists each document once
+    out = tmp_path / "n"
+    args = ["tokenize", str(corpus), "-o", str(out), "--workers", "0", "--prepend-bos"]
+    assert main([*args, "--format", "nanogpt"]) == 0
+    assert np.fromfile(tmp_path / "n.bos.idx", "<i4").tolist() == [0, 3]
+
+
+def test_nanogpt_output_is_split_at_the_shard_cap(tmp_path: Path) -> None:
+    from tokenmill.formats.nanogpt import NanogptShard
+
+    corpus = write_corpus(tmp_path / "c.jsonl", DOCUMENTS)
+    megatron, _ = run([corpus], tmp_path / "m", prepend_bos=True, workers=0)
+    config = TokenizeConfig(
+        inputs=(str(corpus),), output_prefix=str(tmp_path / "n"), progress=False,
+        prepend_bos=True, workers=0, output_format="nanogpt", nanogpt_shard_tokens=10,
+    )  # fmt: skip
+    tokenize(config)
+    shards = sorted(tmp_path.glob("n_*.bin"))
+    total = int(megatron._tokens.shape[0])
+    assert len(shards) == -(-total // 10) > 1
+    tokens = np.concatenate([NanogptShard(str(path)).tokens for path in shards])
+    np.testing.assert_array_equal(tokens, megatron._tokens)
+    assert all(len(NanogptShard(str(path))) == 10 for path in shards[:-1])

@@ -16,7 +16,8 @@ examples:
   tokenmill tokenize data/*.jsonl.gz --output out/web --threads 2
   # a HF tokenizer.json, parquet inputs with the text in column "content"
   tokenmill tokenize shards/ --column content --tokenizer tokenizer.json --output out/web
-  # tiktoken GPT-2 from a local file; BOS before each document; 2048-token windows
+  # tiktoken GPT-2 from a local file; BOS before each document (and so no EOD unless
+  # --append-eod); 2048-token windows
   tokenmill tokenize corpus.jsonl.zst --tokenizer gpt2.tiktoken --prepend-bos \\
       --window 2048 --overlap 128 --output out/corpus
   # force a backend: gigatoken (fast), or the file's own library (HF tokenizers / tiktoken)
@@ -30,6 +31,10 @@ A tokenizer file runs on gigatoken when it is installed (pip install 'tokenmill[
 loads the file and agrees with the file's own library on a probe text; otherwise on HF
 tokenizers (tokenizer.json) or tiktoken (.tiktoken). Both give the same ids; the first line of
 the output says which backend ran, and the sidecar records it.
+The second line says which markers each document gets ("BOS 50256 before each document, no
+EOD"): EOD after each document by default, BOS instead with --prepend-bos (add --append-eod for
+both); docs/formats.md lists the flags that reproduce preprocess_data.py, NeMo's processor and
+nanochat.
 A killed run is resumed by running the same command again: finished inputs are skipped.
 Output: <output>.bin/.idx (megatron-core's format) and <output>.tokenmill.json (the tokenizer
 fingerprint that `merge` and tokenmill.tokenize.check_tokenizer compare).
@@ -76,8 +81,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument(
         "--append-eod",
         action=argparse.BooleanOptionalAction,
-        default=True,
-        help="put EOD after each document (megatron's --append-eod) [on]",
+        default=None,
+        help="put EOD after each document (megatron's --append-eod) [on, but off with "
+        "--prepend-bos: with GPT-2, BOS = EOD and both would mark every boundary twice]",
     )
     parser.add_argument("--window", type=int, help="split documents into windows of N tokens")
     parser.add_argument(
@@ -111,6 +117,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         default="megatron",
         help="output format: Megatron .bin/.idx, or a modded-nanogpt .bin + .bos.idx "
         "(needs --prepend-bos) [megatron]",
+    )
+    parser.add_argument(
+        "--shard-tokens",
+        type=int,
+        help="--format nanogpt: tokens per shard [10**8, fineweb's shards; at most 2**31 - 4096 "
+        "bytes of tokens, what modded-nanogpt's loader reads in one call]",
     )
     parser.add_argument("--keep-parts", action="store_true", help="keep <output>.parts/")
     parser.add_argument("--quiet", "-q", action="store_true", help="no progress bar or lines")
@@ -164,13 +176,15 @@ def run_tokenize(args: argparse.Namespace) -> int:
                 else max(1, int(args.chunk_mb * (1 << 20))),
             ),
             prepend_bos=args.prepend_bos,
-            append_eod=args.append_eod,
+            # EOD by default, but not after a prepended BOS unless asked (--append-eod)
+            append_eod=not args.prepend_bos if args.append_eod is None else args.append_eod,
             window=args.window,
             overlap=args.overlap,
             workers=args.threads,
             rank=rank,
             world_size=world_size,
             output_format=args.format,
+            nanogpt_shard_tokens=args.shard_tokens,
             keep_parts=args.keep_parts,
             progress=not args.quiet,
             memory_budget=max(1, int(args.memory_budget_mb * (1 << 20))),

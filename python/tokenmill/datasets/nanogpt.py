@@ -7,22 +7,32 @@ window gives ``input_ids = window[:-1]`` and ``labels = window[1:]``. With ``ali
 window starts at the next BOS token at or after the current position (from the shard's
 ``.bos.idx`` by binary search, or from a C++ scan of the shard when there is none).
 
-Who reads what (the *plan*, a pure function of the files, ``seed``, epoch and the number of
-readers; see :class:`~tokenmill.common.world.World`). With T readers (ranks x DataLoader
-workers) and n files in epoch order (sorted, or a permutation drawn from ``seed`` and the epoch,
-identical on every rank):
+Who reads what (the *plan*, a pure function of the files, ``seed``, epoch, the number of
+readers and ``worker_split``; see :class:`~tokenmill.common.world.World`). With T readers (ranks
+x DataLoader workers) and n files in epoch order (sorted, or a permutation drawn from ``seed`` and
+the epoch, identical on every rank), reader g is given the files ``g, g + T, g + 2T, ...``, and:
 
-* n >= T: reader g takes files ``g, g + T, g + 2T, ...`` whole (NeMo's rule);
-* n < T: reader g takes part ``g // n`` of file ``g % n``, each file being split by token range
-  into as many equal parts as readers share it (the last part takes the remainder). With one
-  file this is exactly NeMo's single-file split; NeMo instead gives every reader *all* files when
-  1 < n < T, so each window is read T times per epoch. Here every window is read once.
+* ``worker_split="nemo"`` (the default) is NeMo Automodel 0.7.0's rule, read from its
+  ``_setup_worker_context``: a reader given no file (g >= n) takes *every* file instead; a reader
+  left with exactly one file (when T > 1) reads only part g of T of it, cut by token range
+  (``N // T`` tokens each, the last reader, g = T - 1, taking the remainder); any other reader
+  reads its files whole. So with one file every reader reads its own T-th; with n files and
+  T >= n readers, reader g < n reads just the g-th T-th of file g (e.g. 3 files and 3 readers read
+  a third of each file; 3 files and 2 readers read files 0 and 2 whole and the second half of
+  file 1), and readers g >= n read every file whole, again. Windows are token-identical to
+  NeMo's ``NanogptDataset`` for any file and reader count (tests/test_interop_nemo.py).
+* ``worker_split="once"`` reads every window once per epoch: n >= T: files whole, as above;
+  n < T: reader g takes part ``g // n`` of file ``g % n``, each file being split by token range
+  into as many equal parts as readers share it (the last part takes the remainder).
 
 Differences from NeMo, on purpose: samples are int64 tensors (NeMo: Python lists); the file
-shuffle is seeded and the same on every rank (NeMo: per-worker, seeded by worker id or pid);
-files are never duplicated (above); an epoch ends (``infinite=True`` loops over epochs, each with
-its own shuffle); a ``.bos.idx`` is checked (sorted, in range, pointing at BOS tokens) instead of
-being trusted; and ``state_dict()`` / ``load_state_dict()`` resume exactly mid-epoch.
+shuffle is seeded and the same on every rank, applied before the split (NeMo: each reader shuffles
+its own files, seeded by its worker id, or by the process id outside a DataLoader worker, so it is
+not reproducible); an epoch ends (``infinite=True`` loops over epochs, each with its own shuffle);
+a dataset with no window at all raises ValueError instead of yielding nothing (NeMo's loops
+forever without yielding), as does an ``infinite`` reader whose epoch holds no window; a
+``.bos.idx`` is checked (sorted, in range, pointing at BOS tokens) instead of being trusted; and
+``state_dict()`` / ``load_state_dict()`` resume exactly mid-epoch.
 
 Resume state is the number of windows each reader has produced in the current epoch. Iterating in
 the main process (``num_workers=0``), ``state_dict()`` knows it. Behind a DataLoader with workers
@@ -42,7 +52,7 @@ import operator
 import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -70,6 +80,7 @@ __all__ = ["NanogptDataset"]
 
 _STATE_FORMAT = "tokenmill.NanogptDataset"
 _STATE_VERSION = 1
+WORKER_SPLITS = ("nemo", "once")
 
 
 @dataclass(frozen=True)
@@ -94,6 +105,9 @@ class NanogptDataset(IterableDataset):  # type: ignore[misc]
         infinite: loop over epochs instead of ending after one.
         world: override the rank/worker detection (see :meth:`World.current`).
         scan_threads: threads of the BOS scan used when a shard has no ``.bos.idx``.
+        worker_split: ``"nemo"``, NeMo Automodel's split of the files over readers (some windows
+            read by several readers, some by none when there are no more files than readers),
+            or ``"once"``, every window read by exactly one reader (see the module docstring).
         object_storage_config: required for ``s3://`` shards (a pattern such as
             ``s3://bucket/fineweb_train_*.bin`` is listed with one LIST request): an
             :class:`~tokenmill.storage.object_storage.ObjectStorageConfig`. Windows are read with
@@ -104,7 +118,8 @@ class NanogptDataset(IterableDataset):  # type: ignore[misc]
 
     Raises:
         FileNotFoundError: no file matches.
-        ValueError: ``seq_len < 1``, or ``align_to_bos`` without ``bos_token``.
+        ValueError: ``seq_len < 1``, ``align_to_bos`` without ``bos_token``, or an unknown
+            ``worker_split``.
         DataFormatError: a shard's header is bad (raised here, naming the file).
     """
 
@@ -121,8 +136,12 @@ class NanogptDataset(IterableDataset):  # type: ignore[misc]
         world: World | None = None,
         scan_threads: int | None = None,
         object_storage_config: Any = None,
+        worker_split: Literal["nemo", "once"] = "nemo",
     ) -> None:
         super().__init__()
+        if worker_split not in WORKER_SPLITS:
+            raise ValueError(f"worker_split must be one of {WORKER_SPLITS}, got {worker_split!r}")
+        self.worker_split = worker_split
         self.object_storage_config = object_storage_config
         if isinstance(file_pattern, (str, os.PathLike)):
             pattern = os.fspath(file_pattern)
@@ -189,6 +208,8 @@ class NanogptDataset(IterableDataset):  # type: ignore[misc]
         """The token ranges reader ``global_worker_id`` of ``total_workers`` reads in ``epoch``."""
         order = self.file_order(epoch)
         n = len(order)
+        if self.worker_split == "nemo":
+            return self._nemo_parts(order, global_worker_id, total_workers)
         if n >= total_workers:
             return [
                 _Part(f, 0, self.token_counts[f]) for f in order[global_worker_id::total_workers]
@@ -201,6 +222,17 @@ class NanogptDataset(IterableDataset):  # type: ignore[misc]
         start = part * size
         end = tokens if part == sharing - 1 else start + size
         return [_Part(file, start, end)]
+
+    def _nemo_parts(self, order: list[int], reader: int, total: int) -> list[_Part]:
+        """NeMo Automodel 0.7.0's split (the module docstring states the rule)."""
+        files = order[reader::total] or order
+        if len(files) == 1 and total > 1:
+            tokens = self.token_counts[files[0]]
+            size = tokens // total
+            start = reader * size
+            end = tokens if reader == total - 1 else start + size
+            return [_Part(files[0], start, end)]
+        return [_Part(f, 0, self.token_counts[f]) for f in files]
 
     def _shard(self, file: int) -> Any:
         shard = self._shards.get(file)
@@ -301,8 +333,10 @@ class NanogptDataset(IterableDataset):  # type: ignore[misc]
         epoch = self.epoch
         while True:
             self._consumed[reader] = skip
-            for part in self.parts(epoch, reader, total):
-                starts = self._window_starts(part)
+            plan = [(part, self._window_starts(part)) for part in self.parts(epoch, reader, total)]
+            if not any(starts.shape[0] for _, starts in plan):
+                self._refuse_empty(epoch, reader, total)
+            for part, starts in plan:
                 if skip >= starts.shape[0]:
                     skip -= starts.shape[0]
                     continue
@@ -327,6 +361,34 @@ class NanogptDataset(IterableDataset):  # type: ignore[misc]
             self._consumed.clear()
             skip = 0
 
+    def _refuse_empty(self, epoch: int, reader: int, total: int) -> None:
+        """Called when reader ``reader`` has no window in ``epoch``: fine for one reader of a
+        finite epoch while others have windows; an error when no reader has any (the dataset
+        would yield nothing, or loop forever with ``infinite``), or when an ``infinite`` reader
+        would spin through empty epochs without ever yielding.
+
+        Raises:
+            ValueError: naming the files, ``seq_len`` and the reader.
+        """
+        what = (
+            f"{len(self.files)} file(s) ({self.files[0]}{', ...' if len(self.files) > 1 else ''})"
+        )
+        if sum(self.windows_per_reader(total, epoch)) == 0:
+            tokens = sum(self.token_counts)
+            aligned = f" starting at BOS token {self.bos_token}" if self.align_to_bos else ""
+            raise ValueError(
+                f"NanogptDataset over {what} has no window of seq_len + 1 = {self.seq_len + 1} "
+                f"tokens{aligned} ({tokens} tokens in all, {total} reader(s)): it would yield "
+                "nothing; use a shorter seq_len or more data"
+            )
+        if self.infinite:
+            raise ValueError(
+                f"NanogptDataset over {what}: reader {reader} of {total} (ranks x DataLoader "
+                f"workers) gets no window of {self.seq_len + 1} tokens in epoch {epoch}; with "
+                "infinite=True it would loop without ever yielding. Use fewer readers, "
+                "worker_split='once', or a shorter seq_len"
+            )
+
     # --- resume --------------------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
@@ -344,6 +406,7 @@ class NanogptDataset(IterableDataset):  # type: ignore[misc]
             "seed": self.seed,
             "files": len(self.files),
             "total_workers": total_workers,
+            "worker_split": self.worker_split,
             "consumed": {str(reader): count for reader, count in sorted(consumed.items())},
         }
 
@@ -416,6 +479,14 @@ class NanogptDataset(IterableDataset):  # type: ignore[misc]
             raise ValueError(
                 f"state was taken with seed {state['seed']} over {state['files']} files; this "
                 f"dataset has seed {self.seed} and {len(self.files)} files"
+            )
+        # states from before worker_split existed were taken with the "once" plan
+        split = state.get("worker_split", "once")
+        if split != self.worker_split:
+            raise ValueError(
+                f"state was taken with worker_split={split!r}, this dataset has "
+                f"worker_split={self.worker_split!r}: its per-reader positions would point into "
+                f"other parts of the files; construct the dataset with worker_split={split!r}"
             )
         self.epoch = int(state["epoch"])
         total = state.get("total_workers")

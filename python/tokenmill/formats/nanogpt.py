@@ -12,6 +12,13 @@ Layout (little-endian; the byte-level spec with a worked example is ``formats/RE
 
 A sidecar ``<name>.bos.idx`` may list the BOS positions (``formats/bos_index.py``).
 
+Shard size: modded-nanogpt's loader reads the whole payload with one unbuffered ``readinto``, and
+one ``read`` on Linux returns at most 2,147,479,552 bytes (``MAX_RW_COUNT``, 2**31 - 4096), so a
+larger shard fails there with "number of tokens read does not match header". Writers therefore
+never put more than :data:`MAX_PAYLOAD_BYTES` of tokens in one shard (a file below 2**31 - 1
+bytes; :func:`max_shard_tokens`), and the tools that split data into shards (``convert``,
+``tokenize --format nanogpt``) default to :data:`DEFAULT_SHARD_TOKENS`, fineweb's 10**8.
+
 Checks on open (each failure raises :class:`~tokenmill.errors.DataFormatError` naming the file and
 the value): the file holds a whole header, the magic and version are known, the token count is
 non-negative, the new magic's ``header[3]`` is 2 or 4, and the file is exactly
@@ -39,18 +46,22 @@ from tokenmill.common.mapping import map_readonly
 from tokenmill.errors import DataFormatError
 
 __all__ = [
+    "DEFAULT_SHARD_TOKENS",
     "HEADER_BYTES",
     "HEADER_INTS",
     "LEGACY_MAGIC",
     "MAGIC",
+    "MAX_PAYLOAD_BYTES",
     "MAX_TOKENS",
     "VERSION",
     "NanogptHeader",
     "NanogptShard",
     "NanogptShardWriter",
     "is_nanogpt_shard",
+    "max_shard_tokens",
     "parse_nanogpt_header",
     "read_nanogpt_header",
+    "shard_token_cap",
     "write_nanogpt_shard",
 ]
 
@@ -63,6 +74,12 @@ MAGIC = 278895051
 VERSION = 1
 MAX_TOKENS = 2**31 - 1
 """The token count is an int32 header field."""
+MAX_PAYLOAD_BYTES = 2**31 - 4096
+"""The most token bytes one shard holds: the most one ``read`` returns on Linux (``MAX_RW_COUNT``),
+so modded-nanogpt's single unbuffered ``readinto`` of the payload reads all of it. The whole file
+(header included) stays below 2**31 - 1 bytes."""
+DEFAULT_SHARD_TOKENS = 10**8
+"""Tokens per shard when a tool splits data into shards: fineweb's shards (modded-nanogpt)."""
 
 _ITEMSIZE_DTYPES: dict[int, np.dtype[Any]] = {2: np.dtype(np.uint16), 4: np.dtype(np.uint32)}
 
@@ -225,6 +242,30 @@ class NanogptShard:
         return f"NanogptShard({self.path!r}, tokens={len(self)}, dtype={self.dtype.name})"
 
 
+def max_shard_tokens(dtype: npt.DTypeLike) -> int:
+    """The most tokens of ``dtype`` one shard may hold (:data:`MAX_PAYLOAD_BYTES` of them):
+    1,073,739,776 uint16 or 536,869,888 uint32 tokens."""
+    return MAX_PAYLOAD_BYTES // np.dtype(dtype).itemsize
+
+
+def shard_token_cap(dtype: npt.DTypeLike, shard_tokens: int | None = None) -> int:
+    """Tokens per shard for a tool that splits data: ``shard_tokens`` (default
+    :data:`DEFAULT_SHARD_TOKENS`), checked against :func:`max_shard_tokens`.
+
+    Raises:
+        ValueError: ``shard_tokens`` is below 1 or above what the loaders can read.
+    """
+    cap = DEFAULT_SHARD_TOKENS if shard_tokens is None else int(shard_tokens)
+    largest = max_shard_tokens(dtype)
+    if not 1 <= cap <= largest:
+        raise ValueError(
+            f"tokens per nanogpt shard must be in [1, {largest}] for {np.dtype(dtype).name} "
+            f"(modded-nanogpt reads a shard's tokens with one read of at most "
+            f"{MAX_PAYLOAD_BYTES} bytes), got {cap}"
+        )
+    return cap
+
+
 def _check_fits(path: str, array: npt.NDArray[Any], dtype: np.dtype[Any]) -> None:
     if array.dtype.kind not in "iu":
         raise TypeError(f"{path}: tokens must be integers, got {array.dtype}")
@@ -273,6 +314,7 @@ class NanogptShardWriter(AtomicWriter):
         if legacy and self.dtype != np.dtype(np.uint16):
             raise ValueError(f"{self.path}: the legacy magic {LEGACY_MAGIC} means uint16 tokens")
         self.magic = LEGACY_MAGIC if legacy else MAGIC
+        self.max_tokens = max_shard_tokens(self.dtype)
         self.bos_token = bos_token
         self.token_count = 0
         self._file = AtomicFile(self.path)
@@ -283,18 +325,19 @@ class NanogptShardWriter(AtomicWriter):
         """Append tokens.
 
         Raises:
-            OverflowError: a token does not fit the dtype, or the shard would exceed 2**31 - 1
-                tokens (the header's int32 count).
+            OverflowError: a token does not fit the dtype, or the shard would exceed
+                :func:`max_shard_tokens` (more than modded-nanogpt's loader reads in one call).
             TypeError: the tokens are not integers.
         """
         array = np.asarray(tokens).reshape(-1)
         if array.shape[0] == 0:
             return
         _check_fits(self.path, array, self.dtype)
-        if self.token_count + array.shape[0] > MAX_TOKENS:
+        if self.token_count + array.shape[0] > self.max_tokens:
             raise OverflowError(
-                f"{self.path}: a nanogpt shard holds at most {MAX_TOKENS} tokens (int32 header "
-                f"count); split the data into several shards"
+                f"{self.path}: a nanogpt shard holds at most {self.max_tokens} {self.dtype.name} "
+                f"tokens ({MAX_PAYLOAD_BYTES} bytes, the most modded-nanogpt's loader reads in "
+                "its one read of the payload); split the data into several shards"
             )
         if self.bos_token is not None:
             from tokenmill.formats.token_scan import find_token_positions

@@ -5,8 +5,14 @@ lengths or BOS positions. Detection is by content, never by a size guess:
 
 * ``PREFIX`` with ``PREFIX.idx`` beside it (or ``PREFIX.bin`` / ``PREFIX.idx`` given): Megatron;
 * a file with a modded-nanogpt header: nanogpt (its ``.bos.idx`` is used when present);
-* a ``.npy`` file: npy; any other file: raw tokens (dtype from ``--dtype`` or ``tokenmill.json``);
-* a directory: its ``*.bin`` files (nanogpt or raw, not mixed) or else its ``*.npy`` files.
+* a ``.npy`` file: npy, or OLMo-core's headerless tokens when it lacks numpy's magic (dtype from
+  ``--dtype`` or ``tokenmill.json``, as for raw files); any other file: raw tokens;
+* a directory: its ``*.bin`` files (nanogpt or raw, not mixed) or else its ``*.npy`` files (numpy
+  or OLMo-core's, not mixed).
+
+``ignore_bos_index=True`` (``convert --bos-token``, which rebuilds the index from the tokens) does
+not read a shard's ``.bos.idx``, so a broken or foreign one (NeMo's processor writes byte offsets)
+can be repaired instead of refused.
 """
 
 from __future__ import annotations
@@ -75,7 +81,7 @@ def _megatron(prefix: str) -> Source:
     return Source(prefix, "megatron", [shard])
 
 
-def _nanogpt(path: str) -> Shard:
+def _nanogpt(path: str, ignore_bos_index: bool = False) -> Shard:
     from tokenmill.formats.bos_index import bos_index_path, read_bos_index
     from tokenmill.formats.nanogpt import NanogptShard
 
@@ -87,7 +93,9 @@ def _nanogpt(path: str) -> Shard:
         "magic": shard.header.magic,
         "legacy": shard.header.legacy,
     }
-    if os.path.exists(sidecar):
+    if ignore_bos_index and os.path.exists(sidecar):
+        info["bos_index"] = {"path": sidecar, "ignored": True}
+    elif os.path.exists(sidecar):
         index = read_bos_index(sidecar, len(shard))
         positions = index.positions
         _check_against_shard(sidecar, shard.tokens, positions, index.bos_token)
@@ -116,14 +124,19 @@ def _check_against_shard(
         check_bos_index_consistency(sidecar, tokens, positions, bos)
 
 
-def _array(path: str, dtype: npt.DTypeLike | None) -> Shard:
+def _array(
+    path: str, dtype: npt.DTypeLike | None, ignore_bos_index: bool = False, check: bool = True
+) -> Shard:
     from tokenmill.formats.bos_index import bos_index_path, read_bos_index
-    from tokenmill.formats.token_dir import open_token_file
+    from tokenmill.formats.token_dir import has_npy_magic, open_token_file
 
+    if not check and path.endswith(".npy") and has_npy_magic(path):
+        dtype = None  # the header says; `dtype` was meant for headerless files only
     tokens = open_token_file(path, dtype)
     shard = Shard(Path(path).stem, path, tokens)
     sidecar = bos_index_path(path)
-    if os.path.exists(sidecar):  # written by `tokenmill convert --to npy` from a nanogpt source
+    # written by `tokenmill convert --to npy` from a nanogpt source
+    if os.path.exists(sidecar) and not ignore_bos_index:
         index = read_bos_index(sidecar, int(tokens.shape[0]))
         _check_against_shard(sidecar, tokens, index.positions, index.bos_token)
         shard.bos_positions = index.positions
@@ -131,14 +144,28 @@ def _array(path: str, dtype: npt.DTypeLike | None) -> Shard:
     return shard
 
 
-def open_source(path: str, dtype: npt.DTypeLike | None = None) -> Source:
+def open_source(
+    path: str,
+    dtype: npt.DTypeLike | None = None,
+    *,
+    ignore_bos_index: bool = False,
+    check_header_dtype: bool = True,
+) -> Source:
     """Detect the format of ``path`` and open it.
+
+    Args:
+        path: a Megatron prefix, a file or a directory (see the module docstring).
+        dtype: the dtype of headerless files (raw, OLMo-core's); a ``.npy`` header must agree.
+        ignore_bos_index: do not read ``.bos.idx`` sidecars.
+        check_header_dtype: a ``.npy`` header must agree with ``dtype``; False applies ``dtype``
+            to headerless files only (``convert --dtype``, which also names the output dtype).
 
     Raises:
         FileNotFoundError: nothing at ``path``.
         DataFormatError: a file is not valid for its format.
     """
     from tokenmill.formats.nanogpt import is_nanogpt_shard
+    from tokenmill.formats.token_dir import has_npy_magic
 
     for suffix in (".idx", ".bin"):
         if path.endswith(suffix) and os.path.exists(path[: -len(suffix)] + ".idx"):
@@ -152,19 +179,31 @@ def open_source(path: str, dtype: npt.DTypeLike | None = None) -> Source:
             if len(kinds) > 1:
                 raise DataFormatError(f"{path}: mixes nanogpt shards and raw .bin files")
             if kinds == {True}:
-                return Source(path, "nanogpt", [_nanogpt(p) for p in bins])
-            return Source(path, "raw", [_array(p, dtype) for p in bins])
+                return Source(path, "nanogpt", [_nanogpt(p, ignore_bos_index) for p in bins])
+            return Source(
+                path, "raw", [_array(p, dtype, ignore_bos_index, check_header_dtype) for p in bins]
+            )
         npys = sorted(str(p) for p in Path(path).glob("*.npy") if p.is_file())
         if npys:
-            return Source(path, "npy", [_array(p, dtype) for p in npys])
+            headers = {has_npy_magic(p) for p in npys}
+            if len(headers) > 1:
+                raise DataFormatError(
+                    f"{path}: mixes .npy files with numpy's header and headerless ones "
+                    "(OLMo-core's layout)"
+                )
+            kind = "npy" if headers == {True} else "olmo"
+            return Source(
+                path, kind, [_array(p, dtype, ignore_bos_index, check_header_dtype) for p in npys]
+            )
         raise FileNotFoundError(f"{path}: no .bin, .npy or Megatron .idx files")
     if not os.path.exists(path):
         raise FileNotFoundError(f"{path}: no such file, directory or Megatron prefix")
     if is_nanogpt_shard(path):
-        return Source(path, "nanogpt", [_nanogpt(path)])
+        return Source(path, "nanogpt", [_nanogpt(path, ignore_bos_index)])
     if path.endswith(".npy"):
-        return Source(path, "npy", [_array(path, dtype)])
-    return Source(path, "raw", [_array(path, dtype)])
+        kind = "npy" if has_npy_magic(path) else "olmo"
+        return Source(path, kind, [_array(path, dtype, ignore_bos_index, check_header_dtype)])
+    return Source(path, "raw", [_array(path, dtype, ignore_bos_index, check_header_dtype)])
 
 
 def document_lengths(

@@ -1,9 +1,15 @@
-"""Directories of flat token arrays (KempnerForge's layout): ``.npy`` files or raw ``.bin`` files.
+"""Directories of flat token arrays (KempnerForge's and OLMo-core's layouts): ``.npy`` files or
+raw files.
 
 Each file is one 1-D array of token ids; a directory's files, sorted by name, are its shards.
 
 * ``.npy``: numpy's own format; the dtype, shape and byte order come from its header. The array
   must be 1-D with an integer dtype.
+* OLMo-core's token files (dolma's output, written by ``olmo_core.data.utils.memmap_to_write``)
+  are named ``.npy`` but hold no header: they are raw tokens whose dtype comes from the training
+  config. A ``.npy``-named file that does not start with numpy's magic (``\x93NUMPY``) is read as
+  raw tokens, with the dtype told as for raw files below (``tokenmill convert --to olmo`` writes
+  the sidecar). Without a dtype it is refused, naming both readings.
 * raw ``.bin`` (headerless, little-endian): the file is nothing but tokens, so the dtype must be
   *told*: an explicit ``dtype`` argument, else the sidecar ``tokenmill.json`` in the same
   directory (``{"format": "raw-tokens", "version": 1, "dtype": "uint32"}``, written by
@@ -35,7 +41,9 @@ from tokenmill.errors import DataFormatError
 __all__ = [
     "RAW_METADATA_NAME",
     "NpyShardWriter",
+    "RawTokenWriter",
     "guess_raw_dtype",
+    "has_npy_magic",
     "list_token_files",
     "open_token_file",
     "read_raw_metadata",
@@ -134,7 +142,8 @@ def open_token_file(
     """Map one token file read-only.
 
     Args:
-        path: a ``.npy`` file, or a raw headerless file (any other suffix).
+        path: a ``.npy`` file, or a raw headerless file (any other suffix, or a ``.npy`` name
+            without numpy's magic: OLMo-core's layout).
         dtype: for raw files, the token dtype; for ``.npy`` files, if given, the header must
             agree.
         guess_dtype: for raw files without ``dtype`` or a sidecar, use KempnerForge's file-size
@@ -149,7 +158,7 @@ def open_token_file(
             whole number of tokens, or a raw file with a modded-nanogpt header.
     """
     path = os.fspath(path)
-    if path.endswith(".npy"):
+    if path.endswith(".npy") and has_npy_magic(path):
         return _open_npy(path, dtype)
     _refuse_nanogpt(path)
     if dtype is not None:
@@ -161,10 +170,18 @@ def open_token_file(
         elif guess_dtype:
             resolved = guess_raw_dtype(path)
         else:
+            if path.endswith(".npy"):
+                raise DataFormatError(
+                    f"{path}: not a valid .npy file (it lacks numpy's \\x93NUMPY magic); read "
+                    "as an OLMo-core token file (headerless tokens named .npy, dtype in the "
+                    "training config), its dtype is ambiguous: pass dtype=... (--dtype), write "
+                    f"a {RAW_METADATA_NAME} sidecar (write_raw_metadata), or opt into "
+                    "KempnerForge's size guess with guess_dtype=True"
+                )
             raise DataFormatError(
                 f"{path}: the dtype of a raw token file is ambiguous (the file has no header); "
-                f"pass dtype=..., write a {RAW_METADATA_NAME} sidecar (write_raw_metadata), or "
-                "opt into KempnerForge's size guess with guess_dtype=True"
+                f"pass dtype=... (--dtype), write a {RAW_METADATA_NAME} sidecar "
+                "(write_raw_metadata), or opt into KempnerForge's size guess with guess_dtype=True"
             )
     if resolved.name not in _RAW_DTYPES:
         raise DataFormatError(f"{path}: raw tokens must be an integer dtype, got {resolved}")
@@ -181,6 +198,15 @@ def open_token_file(
     # mapped without keeping a descriptor: a directory of thousands of shards holds none
     tokens: npt.NDArray[Any] = map_file(path, resolved.newbyteorder("<"))
     return tokens
+
+
+NPY_MAGIC = b"\x93NUMPY"
+
+
+def has_npy_magic(path: str | os.PathLike[str]) -> bool:
+    """Whether a file starts with numpy's ``.npy`` magic (an empty or shorter file does not)."""
+    with open(os.fspath(path), "rb") as stream:
+        return stream.read(len(NPY_MAGIC)) == NPY_MAGIC
 
 
 def _open_npy(path: str, dtype: npt.DTypeLike | None) -> npt.NDArray[Any]:
@@ -253,6 +279,46 @@ class NpyShardWriter(AtomicWriter):
             raise ValueError(
                 f"{self.path}: {self.written} tokens written, {self.token_count} announced"
             )
+        self._file.commit()
+
+
+class RawTokenWriter(AtomicWriter):
+    """Streams tokens into a headerless little-endian file: OLMo-core's layout when the name ends
+    in ``.npy`` (constant memory, atomic). The dtype is not in the file: write the sidecar
+    (:func:`write_raw_metadata`) or name it in OLMo-core's config.
+
+    Args:
+        path: the file to write.
+        dtype: an integer token dtype (OLMo-core reads uint8, uint16, uint32 and uint64).
+    """
+
+    def __init__(self, path: str | os.PathLike[str], dtype: npt.DTypeLike) -> None:
+        self.path = os.fspath(path)
+        self.dtype = np.dtype(dtype)
+        if self.dtype.name not in _RAW_DTYPES:
+            raise ValueError(f"{self.path}: token dtype must be an integer type, got {self.dtype}")
+        self.written = 0
+        self._file = AtomicFile(self.path)
+
+    def write(self, tokens: npt.ArrayLike) -> None:
+        """Append tokens (checked to fit the dtype: OverflowError, TypeError)."""
+        array = np.asarray(tokens).reshape(-1)
+        if array.shape[0] == 0:
+            return
+        if array.dtype.kind not in "iu":
+            raise TypeError(f"{self.path}: tokens must be integers, got {array.dtype}")
+        if not np.can_cast(array.dtype, self.dtype, casting="safe"):
+            info = np.iinfo(self.dtype)
+            low, high = int(array.min()), int(array.max())
+            if low < info.min or high > info.max:
+                bad = low if low < info.min else high
+                raise OverflowError(f"{self.path}: token {bad} does not fit {self.dtype}")
+        data = np.ascontiguousarray(array, dtype=self.dtype.newbyteorder("<"))
+        self._file.stream.write(data.data.cast("B"))
+        self.written += array.shape[0]
+
+    def finalize(self) -> None:
+        """Rename the file into place."""
         self._file.commit()
 
 

@@ -187,7 +187,9 @@ class TokenizeConfig:
         world_size: the number of processes sharing the inputs.
         output_format: "megatron" (`.bin/.idx`), or "nanogpt": a modded-nanogpt shard
             `<output_prefix>.bin` with its `.bos.idx` (documents start with BOS: needs a BOS id
-            and prepend_bos).
+            and prepend_bos); above ``nanogpt_shard_tokens`` tokens (default 10**8, fineweb's
+            shards) the output is split into `<output_prefix>_000000.bin`, ...
+        nanogpt_shard_tokens: tokens per nanogpt shard (see ``formats.nanogpt.shard_token_cap``).
         keep_parts: keep ``<prefix>.parts`` after assembling the output.
         progress: draw a progress bar on stderr.
         memory_budget: bytes the chunks in flight may take (estimated as
@@ -207,6 +209,7 @@ class TokenizeConfig:
     rank: int = 0
     world_size: int = 1
     output_format: str = "megatron"
+    nanogpt_shard_tokens: int | None = None
     keep_parts: bool = False
     progress: bool = True
     memory_budget: int = DEFAULT_MEMORY_BUDGET
@@ -389,6 +392,7 @@ def _tokenize_owned(config: TokenizeConfig, tokenizer: Tokenizer, started: float
             unit = "worker process" if config.workers else "process"
             unit = unit if count == 1 else unit + "es"
         progress.write(f"[tokenize] backend: {tokenizer.describe_backend()}; {count} {unit}")
+        progress.write(f"[tokenize] markers: {describe_markers(config, tokenizer)}")
     if run.skipped and config.progress:
         progress.write(
             f"[tokenize] skipped {len(run.skipped)} completed input(s) of {len(run.mine)} "
@@ -432,6 +436,14 @@ def _tokenize_owned(config: TokenizeConfig, tokenizer: Tokenizer, started: float
         backend=tokenizer.describe_backend(),
         unicode17_documents=totals["unicode17_documents"],
     )
+
+
+def describe_markers(config: TokenizeConfig, tokenizer: Tokenizer) -> str:
+    """The special tokens a run adds to each document, e.g. ``BOS 50256 before each document,
+    no EOD`` (printed by ``tokenmill tokenize`` so the output holds no surprise)."""
+    bos = f"BOS {tokenizer.bos_id} before each document" if config.prepend_bos else "no BOS"
+    eod = f"EOD {tokenizer.eod_id} after each document" if config.append_eod else "no EOD"
+    return f"{bos}, {eod}"
 
 
 def _load_tokenizer(config: TokenizeConfig) -> Tokenizer:
@@ -662,7 +674,9 @@ def _assemble(config: TokenizeConfig, run: _Run, tokenizer: Tokenizer) -> None:
         fingerprint = check_compatible(all_parts)
         with contextlib.suppress(FileNotFoundError):
             os.remove(sidecar_path(run.output_prefix))
-        write_nanogpt_output(all_parts, run.output_prefix, tokenizer.bos_id)
+        write_nanogpt_output(
+            all_parts, run.output_prefix, tokenizer.bos_id, config.nanogpt_shard_tokens
+        )
         write_merged_sidecar(
             run.output_prefix,
             fingerprint,
