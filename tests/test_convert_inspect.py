@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -10,6 +11,7 @@ import numpy as np
 import pytest
 
 from tokenmill.cli.main import main
+from tokenmill.errors import DataFormatError
 from tokenmill.formats.megatron import IndexedDataset
 
 from conftest import random_documents, write_megatron_shard
@@ -182,7 +184,7 @@ def test_convert_bos_token_must_fit_and_occur(
     for value, message in [("70000", "cannot occur .* uint16 \\(ids 0..65535\\)"),
                            ("-1", "cannot occur"), ("500", "does not occur in .*99 tokens")]:  # fmt: skip
         assert main([*base, "--bos-token", value]) == 1
-        assert __import__("re").search(message, capsys.readouterr().err), value
+        assert re.search(message, capsys.readouterr().err), value
     assert not (tmp_path / "o").exists() or not list((tmp_path / "o").iterdir())
 
 
@@ -217,7 +219,7 @@ def test_olmo_layout_round_trip(tmp_path: Path, capsys: pytest.CaptureFixture[st
     assert json.loads((out / "tokenmill.json").read_text())["dtype"] == "uint32"
     assert open_token_file(out / "src.npy").tolist() == flat  # the sidecar names the dtype
     (out / "tokenmill.json").unlink()
-    with pytest.raises(Exception, match="OLMo-core token file.*dtype is ambiguous"):
+    with pytest.raises(DataFormatError, match=r"OLMo-core token file.*dtype is ambiguous"):
         open_token_file(out / "src.npy")
     assert open_token_file(out / "src.npy", np.uint32).tolist() == flat
     dataset = MemoryMappedDataset(out, 5, dtype=np.uint32)
