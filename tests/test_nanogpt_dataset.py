@@ -116,7 +116,7 @@ def test_every_window_once_for_any_world(tmp_path: Path, files: int, align: bool
 
 def test_nemo_split_of_several_files(tmp_path: Path) -> None:
     """NeMo's rule: files g, g+T, ...; a reader left with one file reads only its g-th T-th of
-    it; a reader with no file reads every file (tests/test_interop_nemo.py runs NeMo itself)."""
+    it; a reader with no file reads every file (tests/test_interop_peers.py runs NeMo itself)."""
     paths = make_shards(tmp_path, [100, 200, 300])
     dataset = NanogptDataset(paths, SEQ)
     spans = {g: [(p.file, p.start, p.end) for p in dataset.parts(0, g, 3)] for g in range(3)}

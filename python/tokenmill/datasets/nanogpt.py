@@ -20,7 +20,7 @@ the epoch, identical on every rank), reader g is given the files ``g, g + T, g +
   T >= n readers, reader g < n reads just the g-th T-th of file g (e.g. 3 files and 3 readers read
   a third of each file; 3 files and 2 readers read files 0 and 2 whole and the second half of
   file 1), and readers g >= n read every file whole, again. Windows are token-identical to
-  NeMo's ``NanogptDataset`` for any file and reader count (tests/test_interop_nemo.py).
+  NeMo's ``NanogptDataset`` for any file and reader count (tests/test_interop_peers.py).
 * ``worker_split="once"`` reads every window once per epoch: n >= T: files whole, as above;
   n < T: reader g takes part ``g // n`` of file ``g % n``, each file being split by token range
   into as many equal parts as readers share it (the last part takes the remainder).
