@@ -189,6 +189,8 @@ def test_convert_bos_token_must_fit_and_occur(
 
 
 def test_convert_dtype_means_input_and_output(tmp_path: Path) -> None:
+    from tokenmill.formats.nanogpt import NanogptShard
+
     tokens = np.arange(1, 200, dtype=np.uint16)
     tokens.tofile(tmp_path / "raw.bin")
     prefix = str(tmp_path / "m")
@@ -198,6 +200,13 @@ def test_convert_dtype_means_input_and_output(tmp_path: Path) -> None:
     wide = str(tmp_path / "w")
     assert main(["convert", str(tmp_path / "raw.bin"), wide, "--to", "megatron", "--input-dtype", "uint16", "--output-dtype", "int32", "-q"]) == 0  # fmt: skip
     assert IndexedDataset(wide).dtype == np.int32 and tokens_of(wide) == [tokens.tolist()]
+    # --dtype names the source's dtype; an output that cannot hold it picks its own
+    tokens.astype(np.int32).tofile(tmp_path / "wide.bin")
+    wide_in = ["convert", str(tmp_path / "wide.bin")]
+    assert main([*wide_in, str(tmp_path / "g"), "--to", "nanogpt", "--dtype", "int32", "-q"]) == 0
+    assert NanogptShard(tmp_path / "g" / "wide.bin").tokens.tolist() == tokens.tolist()
+    assert main([*wide_in, str(tmp_path / "o"), "--to", "olmo", "--dtype", "int32", "-q"]) == 0
+    assert json.loads((tmp_path / "o" / "tokenmill.json").read_text())["dtype"] == "uint32"
     # a .npy source keeps its header's dtype; --dtype then names only the output
     np.save(tmp_path / "t.npy", tokens.astype(np.uint32))
     assert main(["convert", str(tmp_path / "t.npy"), str(tmp_path / "n"), "--to", "npy", "--dtype", "uint16", "-q"]) == 0  # fmt: skip

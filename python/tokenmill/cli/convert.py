@@ -253,11 +253,14 @@ def _to_nanogpt(source: Any, args: argparse.Namespace, progress: Progress) -> No
     from tokenmill.formats.nanogpt import NanogptShardWriter, shard_token_cap
 
     os.makedirs(args.dst, exist_ok=True)
+    allowed = (np.dtype(np.uint16), np.dtype(np.uint32))
     dtype = _output_dtype(args)
+    if dtype is not None and dtype not in allowed and args.output_dtype is None:
+        dtype = None  # --dtype named the source's dtype, which a nanogpt shard cannot hold
     if dtype is None:
         # uint16 when the source's tokens are 2 bytes or fewer; wider ones are range-checked
-        dtype = np.dtype(np.uint16) if source.dtype.itemsize <= 2 else np.dtype(np.uint32)
-    if dtype not in (np.dtype(np.uint16), np.dtype(np.uint32)):
+        dtype = allowed[0] if source.dtype.itemsize <= 2 else allowed[1]
+    if dtype not in allowed:
         raise ValueError(f"--output-dtype for nanogpt shards is uint16 or uint32, got {dtype}")
     cap = shard_token_cap(dtype, args.shard_tokens)
     for shard in source.shards:
@@ -286,9 +289,10 @@ def _to_olmo(source: Any, args: argparse.Namespace, progress: Progress) -> None:
 
     from tokenmill.formats.token_dir import RawTokenWriter, write_raw_metadata
 
-    dtype = _output_dtype(args)
-    if dtype is None:  # OLMo-core reads unsigned tokens: int32 (Megatron's code 4) -> uint32
-        dtype = np.dtype(f"uint{source.dtype.itemsize * 8}")
+    dtype = _output_dtype(args) or source.dtype
+    if dtype.kind == "i" and args.output_dtype is None:
+        # OLMo-core reads unsigned tokens: int32 (Megatron's code 4) -> uint32, range-checked
+        dtype = np.dtype(f"uint{dtype.itemsize * 8}")
     if dtype.kind != "u" or dtype.itemsize not in (1, 2, 4, 8):
         raise ValueError(f"OLMo-core reads uint8/16/32/64 tokens, --output-dtype is {dtype}")
     os.makedirs(args.dst, exist_ok=True)
