@@ -313,3 +313,16 @@ def test_resume_under_a_different_number_of_readers_is_refused(tmp_path: Path) -
     resumed.world = World(0, 3, 0, 1)
     with pytest.raises(ValueError, match=r"taken with 2 readers .* now runs with 3"):
         next(iter(resumed))
+
+
+def test_resume_under_another_worker_split_is_refused(tmp_path: Path) -> None:
+    paths = make_shards(tmp_path, [90, 143, 77])
+    dataset = NanogptDataset(paths, SEQ, worker_split="once")
+    state = dataset.state_dict()
+    assert state["worker_split"] == "once"
+    with pytest.raises(ValueError, match=r"worker_split='once'.*worker_split='nemo'"):
+        NanogptDataset(paths, SEQ).load_state_dict(state)
+    legacy = {key: value for key, value in state.items() if key != "worker_split"}
+    with pytest.raises(ValueError, match="taken with worker_split='once'"):
+        NanogptDataset(paths, SEQ).load_state_dict(legacy)  # older states: the "once" plan
+    NanogptDataset(paths, SEQ, worker_split="once").load_state_dict(legacy)
