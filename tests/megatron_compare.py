@@ -87,6 +87,10 @@ DOCUMENTED_REFUSALS: dict[str, str] = {
         r"size_is_none => weights_are_none fails for (\w+) split this can occur with multiple "
         r"validation sets if datasets have weights"
     ): r"the \1 split has weights but no size: weighted blends need a size",
+    # a split too short for one sample: megatron-core's numpy fails on an empty reduction
+    re.escape("zero-size array to reduction operation minimum which has no identity"): (
+        r"a split of n tokens has no room for a sample of n tokens"
+    ),
     (
         r"the (\w+) blend oversamples the contributing datasets and, for example, requests n "
         r"samples from (\w+) number n in excess of its size n\. the current value of the config "
