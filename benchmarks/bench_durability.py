@@ -71,12 +71,18 @@ def main() -> None:
     evidence = Evidence("durability")
     directory = args.directory or tempfile.gettempdir()
     summary: dict[str, dict[str, float]] = {}
+    runs: list[dict[str, object]] = []
     print(f"writing in {directory} ({os.statvfs(directory).f_bsize}-byte blocks)")
     for kind, count in (("entries", args.entries), ("shards", args.shards)):
         best = {True: float("inf"), False: float("inf")}
-        for _ in range(args.repeat):
+        for repeat in range(args.repeat):
             for durable in (True, False):
-                best[durable] = min(best[durable], timed(kind, directory, count, durable))
+                seconds = timed(kind, directory, count, durable)
+                runs.append(
+                    {"kind": kind, "count": count, "repeat": repeat, "fsync": durable,
+                     "seconds": seconds}
+                )  # fmt: skip
+                best[durable] = min(best[durable], seconds)
         what = (
             f"{count} cache entries (4 KiB text + 256 KiB array)"
             if kind == "entries"
@@ -87,7 +93,7 @@ def main() -> None:
             f"{best[True] / best[False]:.2f}x"
         )
         summary[what] = {"fsync_s": best[True], "no_fsync_s": best[False]}
-    evidence.write(runs=[], summary=summary, directory=directory)
+    evidence.write(runs=runs, summary=summary, directory=directory)
 
 
 if __name__ == "__main__":

@@ -188,6 +188,15 @@ def markdown_tables(lines: list[str]) -> list[dict[str, Any]]:
     return tables
 
 
+def table_runs(tables: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each row of the printed tables as a run: ``{"table": i, header cell: row cell, ...}``."""
+    runs: list[dict[str, Any]] = []
+    for number, table in enumerate(tables):
+        for row in table["rows"]:
+            runs.append({"table": number, **dict(zip(table["header"], row))})
+    return runs
+
+
 @contextlib.contextmanager
 def recorded(name: str) -> Iterator[Evidence]:
     """Run a benchmark's main with its output kept; if it returns without raising, write
@@ -202,9 +211,12 @@ def recorded(name: str) -> Iterator[Evidence]:
     finally:
         sys.stdout = tee.stream
     output = "".join(tee.text).splitlines()
+    tables = markdown_tables(output)
     evidence.write(
-        runs=evidence.runs,
+        # the runs the benchmark appended; else each measured row of its printed tables (one
+        # run of both libraries per row), so no result file has an empty list of runs
+        runs=evidence.runs or table_runs(tables),
         summary=evidence.summary,
         output=output,
-        tables=markdown_tables(output),
+        tables=tables,
     )

@@ -111,22 +111,26 @@ size_t decide_block(const double* w, double* c, double* count, const int32_t* me
       }
     }
     const double best = _mm512_cvtsd_f64(m);
-    // Exactly one slot: a power of two in one of the two words, zero in the other.
-    const uint64_t either = bits | high;
-    if (__builtin_expect(!(best >= L) || !(best > -kNever) || (either & (either - 1)) != 0 ||
+    if (ordered) {
+      // Slots in dataset order: the winner is the first slot holding the largest key, unique or
+      // tied alike, so ties take no branch. Equal weights tie at nearly every sample (all the
+      // datasets not yet drawn in the current round share one key): a tie branch there was
+      // mispredicted often enough to make 10 equal weights slower than megatron-core's scan.
+      if (__builtin_expect(!(best >= L) || !(best > -kNever), 0)) break;
+      const uint64_t first_low = bits & (~bits + 1);
+      high = bits != 0 ? 0 : high & (~high + 1);
+      bits = first_low;
+      for (int j = 0; j < NV; ++j) {
+        hit[j] = static_cast<__mmask8>(j < 8 ? bits >> (8 * (j & 7)) : high >> (8 * (j & 7)));
+      }
+    } else if (const uint64_t either = bits | high;
+               // Exactly one slot: a power of two in one of the two words, zero in the other.
+               __builtin_expect(!(best >= L) || !(best > -kNever) || (either & (either - 1)) != 0 ||
                              (bits != 0 && high != 0),
                          0)) {
       if (!(best >= L) || !(best > -kNever)) break;
-      // Equal largest keys in several slots: megatron's choice is the lowest dataset among them,
-      // the first slot when slots are in dataset order.
-      if (ordered) {
-        if (bits != 0) {
-          bits &= ~bits + 1;
-          high = 0;
-        } else {
-          high &= ~high + 1;
-        }
-      } else {
+      // Equal largest keys in several slots: megatron's choice is the lowest dataset among them.
+      {
         size_t chosen = 0;
         int32_t lowest_id = std::numeric_limits<int32_t>::max();
         for (uint64_t rest = bits; rest != 0; rest &= rest - 1) {

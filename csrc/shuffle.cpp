@@ -13,12 +13,23 @@ namespace {
 
 using Twist = void (*)(uint32_t*);
 
-Twist choose_twist() {
+struct TwistUnit {
+  Twist twist;
+  const char* isa;
+};
+
+// The best unit the CPU has, capped by TOKENMILL_SIMD (cpu_features() applies the pin).
+TwistUnit choose_twist() {
 #ifdef TOKENMILL_X86_UNITS
-  if (cpu_features().avx512) return mt19937::twist_avx512;
-  if (cpu_features().avx2) return mt19937::twist_avx2;
+  if (cpu_features().avx512) return {mt19937::twist_avx512, "avx512"};
+  if (cpu_features().avx2) return {mt19937::twist_avx2, "avx2"};
 #endif
-  return [](uint32_t* state) { mt19937::twist_state(state); };
+  return {[](uint32_t* state) { mt19937::twist_state(state); }, "baseline"};
+}
+
+const TwistUnit& twist_unit() {
+  static const TwistUnit unit = choose_twist();
+  return unit;
 }
 
 }  // namespace
@@ -26,9 +37,11 @@ Twist choose_twist() {
 static_assert(Mt19937::kStateSize == mt19937::kStateSize && Mt19937::kShift == mt19937::kShift);
 
 void Mt19937::twist(uint32_t* state) {
-  static const Twist best = choose_twist();
+  static const Twist best = twist_unit().twist;
   best(state);
 }
+
+const char* Mt19937::twist_isa() { return twist_unit().isa; }
 
 size_t NumpyRandomState::intervals_descending(uint32_t top, uint32_t* targets,
                                               size_t capacity) {

@@ -36,6 +36,10 @@ class Mt19937 {
     }
   }
 
+  // The unit the block twist runs on: "avx512", "avx2" or "baseline" (cpu_features.hpp,
+  // TOKENMILL_SIMD).
+  static const char* twist_isa();
+
   uint32_t operator()() {
     if (position_ >= kStateSize) {
       twist(state_);

@@ -101,6 +101,23 @@ def random_documents(
     return documents
 
 
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """The differential suites' pair coverage (tests/covering.py): pairs of settings the
+    compared cases reached, with refusals and zero-length datasets counted apart. With
+    TOKENMILL_DIFFERENTIAL_REPORT=PATH the same lines are also written to PATH."""
+    from covering import report_lines
+
+    lines = report_lines()
+    if not lines:
+        return
+    terminalreporter.section("differential coverage (pairs of settings)")
+    for line in lines:
+        terminalreporter.write_line(line)
+    target = os.environ.get("TOKENMILL_DIFFERENTIAL_REPORT")
+    if target:
+        Path(target).write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
 @pytest.fixture
 def tokenizer() -> TinyTokenizer:
     return TinyTokenizer()

@@ -11,7 +11,10 @@ fractions; the active-set tests force each path (and fallbacks) through a privat
 from __future__ import annotations
 
 import importlib.util
+import os
 import platform
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
@@ -186,10 +189,45 @@ def test_int16_and_int32_outputs_agree(n: int) -> None:
     np.testing.assert_array_equal(outputs[np.int16][1], outputs[np.int32][1])
 
 
+@pytest.mark.megatron
 def test_dataset_index_dtype_follows_megatron_bound() -> None:
-    assert dataset_index_dtype(1) is np.int16
-    assert dataset_index_dtype(INT16_MAX_DATASETS - 1) is np.int16
-    assert dataset_index_dtype(INT16_MAX_DATASETS) is np.int32
+    """megatron-core's own BlendedDataset decides: the largest blend it accepts stores int16
+    dataset ids, and tokenmill stores the same dtype there; one dataset more, megatron refuses
+    (its assertion) and tokenmill switches to int32."""
+    import types
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from megatron.core.datasets.blended_dataset import BlendedDataset as TheirBlend
+        from megatron.core.datasets.utils import Split as TheirSplit
+
+    class Member:  # what megatron's BlendedDataset reads from a member dataset
+        def __init__(self) -> None:
+            self.index_split = TheirSplit.train
+            self.unique_identifiers = {"class": "Member"}
+
+        def __len__(self) -> int:
+            return 3
+
+    config = types.SimpleNamespace(
+        path_to_cache=None,
+        defer_npy_index_mmap=False,
+        fast_cache_load=False,
+        mid_level_dataset_surplus=0.0,
+    )
+    member = Member()
+
+    def theirs(count: int) -> np.dtype:
+        blend = TheirBlend([member] * count, [1.0] * count, 3, config)  # type: ignore[arg-type]
+        return np.asarray(blend.dataset_index).dtype
+
+    largest = INT16_MAX_DATASETS - 1
+    for count in (1, 2, largest):
+        assert np.dtype(dataset_index_dtype(count)) == theirs(count), count
+    with pytest.raises(AssertionError):
+        theirs(largest + 1)
+    assert dataset_index_dtype(largest + 1) is np.int32
 
 
 # --- bad inputs -------------------------------------------------------------------------------
@@ -693,14 +731,20 @@ def cpu_flags() -> set[str]:
 
 def test_the_active_set_runs_on_the_best_instruction_set_the_cpu_has() -> None:
     # The per-ISA units are chosen at run time (csrc/cpu_features.hpp): AVX-512 (F, DQ, BW, VL)
-    # when /proc/cpuinfo lists it, else AVX2, else the baseline; forced paths cap it.
+    # when /proc/cpuinfo lists it, else AVX2, else the baseline; TOKENMILL_SIMD (this process's
+    # pin, see test_simd_dispatch_is_pinned_by_the_environment) and forced paths cap it.
     flags = cpu_flags()
     if platform.machine() not in ("x86_64", "AMD64") or not flags:
         assert _testing.active_set_isa() == "baseline"
         return
-    has_avx2 = "avx2" in flags
-    has_avx512 = {"avx512f", "avx512dq", "avx512bw", "avx512vl"} <= flags
+    pinned = os.environ.get("TOKENMILL_SIMD", "auto") or "auto"
+    has_avx2 = "avx2" in flags and pinned != "baseline"
+    has_avx512 = {"avx512f", "avx512dq", "avx512bw", "avx512vl"} <= flags and pinned in (
+        "auto",
+        "avx512",
+    )
     expected = "avx512" if has_avx512 else "avx2" if has_avx2 else "baseline"
+    assert _testing.simd_dispatch()["shuffle"] == expected
     assert _testing.active_set_isa() == expected
     assert _testing.active_set_isa("active") == expected
     assert _testing.active_set_isa("active-avx2") == ("avx2" if has_avx2 else "baseline")
@@ -778,3 +822,52 @@ def test_a_forked_child_never_waits_for_its_parents_computation() -> None:
 def _ahead_in_child() -> int:
     build_blending_indices([0.25, 0.75], 50_000)  # computed here, in line
     return len(blending._AHEAD)
+
+
+# -- TOKENMILL_SIMD: every unit forced ------------------------------------------------------------
+
+SIMD_PROBE = (
+    "from tokenmill._core import _testing as t; d = t.simd_dispatch(); "
+    "print(d['level'], d['shuffle'], d['blending'], ','.join(d['supported']))"
+)
+
+
+def simd_probe(value: str) -> subprocess.CompletedProcess[str]:
+    environment = {**os.environ, "TOKENMILL_SIMD": value}
+    return subprocess.run(
+        [sys.executable, "-c", SIMD_PROBE], env=environment, capture_output=True, text=True
+    )
+
+
+def test_simd_dispatch_is_pinned_by_the_environment() -> None:
+    """TOKENMILL_SIMD pins the shuffle's twist and the blending kernels to one unit (.ci/run
+    runs the kernel tests once per unit this CPU has); auto takes the best unit."""
+    supported = _testing.simd_dispatch()["supported"]
+    assert isinstance(supported, list) and "baseline" in supported
+    best = supported[-1]
+    for value, expected in [("", best), ("auto", best)] + [(unit, unit) for unit in supported]:
+        probe = simd_probe(value)
+        assert probe.returncode == 0, probe.stderr
+        level, shuffle, blend, listed = probe.stdout.split()
+        assert (level, shuffle, blend) == (expected, expected, expected), value
+        assert listed.split(",") == supported
+
+
+@pytest.mark.parametrize("value", ["sse9", "AVX2", "avx-512"])
+def test_a_misspelt_simd_pin_refuses_the_import(value: str) -> None:
+    probe = simd_probe(value)
+    assert probe.returncode != 0
+    assert f"TOKENMILL_SIMD='{value}' is not one of 'auto', 'baseline', 'avx2', 'avx512'" in (
+        probe.stderr
+    )
+
+
+def test_an_unsupported_simd_pin_refuses_the_import() -> None:
+    """A unit the CPU lacks is a clear error at import, never an illegal instruction; on a CPU
+    with every unit there is nothing to refuse (the misspelt pins above take the same path)."""
+    supported = _testing.simd_dispatch()["supported"]
+    missing = [unit for unit in ("avx2", "avx512") if unit not in supported]
+    for unit in missing:
+        probe = simd_probe(unit)
+        assert probe.returncode != 0
+        assert f"TOKENMILL_SIMD={unit}, but this CPU (or this build)" in probe.stderr

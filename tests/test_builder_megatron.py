@@ -1,7 +1,9 @@
 """Differential tests of blends and splits against megatron-core 0.19.2.
 
-Randomized blends (2-50 datasets, random and tiny weights, no weights, per-split blends,
-sizes with None, every form of split string): both builders run on the same shards with their
+Blends drawn from covering designs (tests/covering.py; every pair of settings meets in some
+case, and the run prints the pairs its compared cases reached): 1-40 datasets, random, tiny,
+near-tie (a few ulps apart), extreme (1e-12 to 1, one dataset holding all but 1e-9) and equal
+weights, no weights, per-split blends, sizes with None, every form of split string: both builders run on the same shards with their
 own cache directories and must give identical arrays, identical samples and identical cache
 files (names are md5 hashes of the descriptions, so equal names prove equal hashes).
 """
@@ -17,7 +19,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from covering import NIGHTLY, all_pairs, pairs_of, pairwise_cases, suite
+
 from conftest import TinyTokenizer, random_documents, write_megatron_shard
+from megatron_compare import assert_same_refusal
 
 # These tests build datasets with megatron's default create_attention_mask=True on purpose.
 pytestmark = [
@@ -54,7 +59,7 @@ def shards(
             random_documents(
                 rng,
                 documents or int(rng.integers(60, 120)),
-                200 if documents is None else 30,
+                200 if documents is None else 60,
             ),
         )
         for i in range(count)
@@ -132,11 +137,12 @@ def build_both(
     )
     try:
         theirs = their_builder.build()
-    except AssertionError:
-        # megatron-core asserts (e.g. a member split too short for one sample); tokenmill must
-        # refuse the same input with a clear exception instead.
-        with pytest.raises((ValueError, IndexError)):
+    except Exception as refusal:
+        # megatron-core refuses (e.g. asserts that a member split is too short for one
+        # sample); tokenmill must refuse alike: type family and normalised message
+        with pytest.raises(Exception) as ours:
             our_builder.build()
+        assert_same_refusal(ours.value, refusal, f"sizes {sizes} {fields}")
         return [], []
     return our_builder.build(), theirs
 
@@ -162,45 +168,126 @@ def assert_same_cache_files(tmp_path: Path) -> None:
 SPLITS = ["969,30,1", "98/2/0", "1", "0.9 0.1", "80,10,10", "7,2,1"]
 
 
-@pytest.mark.parametrize("case", range(16))
+def blend_weights(style: str, count: int, rng: np.random.Generator) -> np.ndarray:
+    """Weights of a style: random; random with one tiny weight; near ties (equal weights a
+    few ulps apart, where rounding of weight x t decides); extreme (spanning 1e-12 to 1, and
+    one dataset holding all but 1e-9 of the blend); exactly equal."""
+    if style == "tiny":
+        weights = rng.uniform(0.01, 1.0, count)
+        weights[rng.integers(0, count)] = 1e-4
+        return weights
+    if style == "near-tie":
+        return 0.5 * (1.0 + np.arange(count) * np.finfo(np.float64).eps * rng.integers(1, 4))
+    if style == "extreme":
+        weights = np.logspace(-12, 0, count)
+        if rng.random() < 0.5:
+            weights = np.full(count, 1e-9 / count)
+            weights[rng.integers(0, count)] = 1.0
+        return rng.permutation(weights)
+    if style == "equal":
+        return np.full(count, 1.0 / count)
+    return rng.uniform(0.01, 1.0, count)
+
+
+# Every pair of settings meets in some case (tests/covering.py); the nightly run three times.
+WEIGHTED_DIMENSIONS: dict[str, tuple[Any, ...]] = {
+    "datasets": ("few", "many"),
+    "split": tuple(SPLITS),
+    "weights": ("random", "tiny", "near-tie", "extreme", "equal"),
+    "sizes": ("small", "large"),
+    # megatron-core refuses extreme weights at 0.005 (its members are sized weight x size x
+    # 1.005, and the dominant one is oversampled): tests/test_megatron_configs.py compares
+    # that refusal; here the blends are built
+    "mid_level_dataset_surplus": (0.1, 0.5),
+}
+WEIGHTED_CASES = pairwise_cases(WEIGHTED_DIMENSIONS, seed=5, repeat=3 if NIGHTLY else 1)
+WEIGHTED_COVERAGE = suite("builder weighted blends (test_builder_megatron)", WEIGHTED_DIMENSIONS)
+UNWEIGHTED_DIMENSIONS: dict[str, tuple[Any, ...]] = {
+    "datasets": ("one", "few"),
+    "split": tuple(SPLITS),
+    "train size": ("count", "one epoch"),
+    "test size": ("count", "one epoch"),
+}
+UNWEIGHTED_CASES = pairwise_cases(UNWEIGHTED_DIMENSIONS, seed=6, repeat=3 if NIGHTLY else 1)
+UNWEIGHTED_COVERAGE = suite(
+    "builder unweighted blends (test_builder_megatron)", UNWEIGHTED_DIMENSIONS
+)
+
+
+def builder_outcome(theirs: list[Any]) -> str:
+    if not theirs:
+        return "refused"
+    return "compared" if any(d is not None and len(d) for d in theirs) else "empty"
+
+
+def test_builder_cases_cover_every_pair() -> None:
+    for dimensions, cases in (
+        (WEIGHTED_DIMENSIONS, WEIGHTED_CASES),
+        (UNWEIGHTED_DIMENSIONS, UNWEIGHTED_CASES),
+    ):
+        covered = set().union(*(pairs_of(case, dimensions) for case in cases))
+        assert covered == all_pairs(dimensions)
+
+
+@pytest.mark.parametrize("case", range(len(WEIGHTED_CASES)))
 def test_weighted_blends_match_megatron(tmp_path: Path, case: int) -> None:
-    rng = np.random.default_rng(case)
-    count = int(rng.integers(2, 8)) if case % 4 else int(rng.integers(20, 51))
-    split = SPLITS[case % len(SPLITS)]
-    prefixes = shards(tmp_path, rng, count, 1000 if split == "969,30,1" else None)
-    weights = rng.uniform(0.01, 1.0, count)
-    if case % 3 == 0:
-        weights[rng.integers(0, count)] = 1e-4  # a tiny weight
-    sizes = [int(rng.integers(50, 400)), int(rng.integers(5, 60)), int(rng.integers(1, 20))]
-    ours, theirs = build_both(
-        tmp_path,
-        sizes,
-        blend=(prefixes, weights.tolist()),
-        split=split,
-        mid_level_dataset_surplus=0.5,
-    )
+    """A refusal by both (megatron-core oversamples a member of an extreme blend) is compared
+    and counted; the case's shards, weights and sizes are then drawn again (its design
+    settings kept), so its pairs are reached by a comparison."""
+    drawn = WEIGHTED_CASES[case]
+    for draw in range(6):
+        rng = np.random.default_rng(case + 1000 * draw)
+        root = tmp_path / f"draw{draw}"
+        root.mkdir()
+        count = int(rng.integers(2, 8)) if drawn["datasets"] == "few" else int(rng.integers(20, 41))
+        split = drawn["split"]
+        # "969,30,1" gives the test split 1/1000 of the documents: 3000 give every member's
+        # test split tokens for a sample, however small its weight
+        prefixes = shards(root, rng, count, 3000 if split == "969,30,1" else None)
+        weights = blend_weights(drawn["weights"], count, rng)
+        sizes: list[int | None] = (
+            [int(rng.integers(50, 400)), int(rng.integers(5, 60)), int(rng.integers(1, 20))]
+            if drawn["sizes"] == "small"
+            else [
+                int(rng.integers(2000, 6000)),
+                int(rng.integers(100, 400)),
+                int(rng.integers(20, 80)),
+            ]
+        )
+        ours, theirs = build_both(
+            root,
+            sizes,
+            blend=(prefixes, weights.tolist()),
+            split=split,
+            mid_level_dataset_surplus=drawn["mid_level_dataset_surplus"],
+        )
+        WEIGHTED_COVERAGE.record(case, drawn, builder_outcome(theirs), draw)
+        if theirs:
+            break
     for i, (mine, reference) in enumerate(zip(ours, theirs)):
-        compare_datasets(mine, reference, rng, f"split {i}")
+        compare_datasets(mine, reference, rng, f"split {i} {drawn}")
     if theirs:
-        assert_same_cache_files(tmp_path)
+        assert_same_cache_files(root)
 
 
-@pytest.mark.parametrize("case", range(8))
+@pytest.mark.parametrize("case", range(len(UNWEIGHTED_CASES)))
 def test_unweighted_blends_match_megatron(tmp_path: Path, case: int) -> None:
+    drawn = UNWEIGHTED_CASES[case]
     rng = np.random.default_rng(100 + case)
-    count = int(rng.integers(1, 6))
-    split = SPLITS[case % len(SPLITS)]
+    count = 1 if drawn["datasets"] == "one" else int(rng.integers(2, 6))
+    split = drawn["split"]
     prefixes = shards(tmp_path, rng, count, 1000 if split == "969,30,1" else None)
     sizes: list[int | None] = [
-        None if case % 2 else int(rng.integers(10, 500)),
+        None if drawn["train size"] == "one epoch" else int(rng.integers(10, 500)),
         None,
-        int(rng.integers(1, 30)) if case % 3 else None,
+        None if drawn["test size"] == "one epoch" else int(rng.integers(1, 30)),
     ]
     ours, theirs = build_both(tmp_path, sizes, blend=(prefixes, None), split=split)
     for i, (mine, reference) in enumerate(zip(ours, theirs)):
-        compare_datasets(mine, reference, rng, f"split {i}")
+        compare_datasets(mine, reference, rng, f"split {i} {drawn}")
     if theirs:
         assert_same_cache_files(tmp_path)
+    UNWEIGHTED_COVERAGE.record(case, drawn, builder_outcome(theirs))
 
 
 @pytest.mark.parametrize("case", range(6))

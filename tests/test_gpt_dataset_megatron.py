@@ -4,22 +4,24 @@ For randomized corpora, configs and seeds both libraries build their indices ind
 (separate cache directories) and must produce equal arrays (dtype, shape, values), equal
 lengths, equal cache files byte for byte, and equal `__getitem__` outputs.
 
-`test_gpt_dataset_matches_megatron` covers every combination of the seven sample flags and every
-(corpus, split, num_samples kind) combination (see `gpt_case`); TOKENMILL_GPT_CASES sets the
-number of cases (default 128, about 20 s on the 2-core dev VM; 3456 runs every flag combination
-with every categorical combination).
+`test_gpt_dataset_matches_megatron` draws its cases from a covering design (tests/covering.py):
+every pair of settings of the seven sample flags, the corpus (up to 10^4 documents, documents of
+up to 10^5 tokens), the split, the num_samples kind and the sequence length (up to 8,192) meets
+in at least one case, and the run prints the pairs its compared cases reached (refusals and
+zero-length datasets counted apart). TOKENMILL_DIFFERENTIAL=nightly runs three designs (every
+pair three times) with full sweeps of every sample; its report is tests/reports/.
 """
 
 from __future__ import annotations
 
-import itertools
-import os
 import warnings
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+
+from covering import NIGHTLY, all_pairs, pairs_of, pairwise_cases, suite
 
 from conftest import TinyTokenizer, random_documents, write_megatron_shard
 
@@ -129,60 +131,88 @@ def our_dataset(
     )
 
 
-def make_corpus(tmp_path: Path, rng: np.random.Generator, kind: str) -> str:
+def make_corpus(tmp_path: Path, rng: np.random.Generator, kind: str, sequence_length: int) -> str:
+    """A corpus of `kind`, with at least two samples' worth of tokens for `sequence_length`
+    (more documents of the same kind are added until it has), so no case is empty by design."""
     if kind == "short":  # many length-1 and tiny documents
+        count = max(80, 2 * sequence_length)
         documents = [
-            [0] if rng.random() < 0.4 else [1, 2, 0][: rng.integers(1, 4)] for _ in range(80)
+            [0] if rng.random() < 0.4 else [1, 2, 0][: rng.integers(1, 4)] for _ in range(count)
         ]
     elif kind == "long":  # documents much longer than the sequence
         documents = random_documents(rng, 12, max_length=3000)
+    elif kind == "huge-documents":  # documents of up to 10^5 tokens
+        documents = random_documents(rng, 24, max_length=100_000)
+    elif kind == "many-documents":  # a corpus of 10^4 documents
+        documents = random_documents(rng, 10_000, max_length=120)
     else:
         documents = random_documents(rng, 150, max_length=400)
+    while sum(map(len, documents)) < 2 * (sequence_length + 1):
+        documents += random_documents(rng, 16, max_length=3000)
     return write_megatron_shard(tmp_path / f"corpus-{kind}", documents)
 
 
-CORPORA = ("mixed", "short", "long")
+CORPORA = ("mixed", "short", "long", "huge-documents", "many-documents")
 SPLIT_NAMES = (Split.train, Split.valid, Split.test)
 SAMPLE_KINDS = ("one epoch", "part of an epoch", "several epochs")
-FLAG_COMBINATIONS = list(itertools.product((False, True), repeat=len(FLAGS)))
-# Case k runs flag combination k % 128 and (corpus, split, sample kind) combination (k * 5) % 27:
-# the first 128 cases run every flag combination once and every categorical combination at
-# least four times, with no dimension tied to another (27 and 128 share no factor, and the
-# sequence length, seed and document range are drawn from the case's own generator).
-CATEGORIES = list(itertools.product(CORPORA, SPLIT_NAMES, SAMPLE_KINDS))
-GPT_CASES = int(os.environ.get("TOKENMILL_GPT_CASES", str(len(FLAG_COMBINATIONS))))
+SEQUENCE_LENGTHS = (1, 2, 7, 64, 257, 2048, 8192)
+# Every pair of settings of these dimensions (two flags, a flag and the corpus, the corpus and
+# the sequence length, ...) meets in at least one case of the CI set; the nightly run
+# (TOKENMILL_DIFFERENTIAL=nightly) meets every pair three times, from three designs.
+GPT_DIMENSIONS: dict[str, tuple[Any, ...]] = {
+    **{name: (False, True) for name in FLAGS},
+    "corpus": CORPORA,
+    "split": SPLIT_NAMES,
+    "samples": SAMPLE_KINDS,
+    "sequence_length": SEQUENCE_LENGTHS,
+}
+GPT_CASES = pairwise_cases(GPT_DIMENSIONS, seed=1, repeat=3 if NIGHTLY else 1)
+GPT_COVERAGE = suite("GPTDataset samples (test_gpt_dataset_megatron)", GPT_DIMENSIONS)
+# Samples compared per case beyond a full sweep: the first, the last, the padding sample and
+# this many random ones (fewer where a sample is large: S >= 2048 with a dense attention mask).
+RANDOM_SAMPLES = 40
+FULL_SWEEP_TOKENS = 10**7 if NIGHTLY else 400_000
+FULL_SWEEP_SAMPLES = 20_000 if NIGHTLY else 600
 
 
-def gpt_case(case: int) -> tuple[dict[str, bool], str, Split, str]:
-    flags = dict(zip(FLAGS, FLAG_COMBINATIONS[case % len(FLAG_COMBINATIONS)]))
-    corpus, split, kind = CATEGORIES[(case * 5) % len(CATEGORIES)]
-    return flags, corpus, split, kind
+def test_gpt_cases_cover_every_pair() -> None:
+    covered = set().union(*(pairs_of(case, GPT_DIMENSIONS) for case in GPT_CASES))
+    assert covered == all_pairs(GPT_DIMENSIONS)
 
 
-def test_gpt_case_generator_covers_every_combination() -> None:
-    drawn = [gpt_case(case) for case in range(GPT_CASES)]
-    assert len({tuple(flags.values()) for flags, *_ in drawn}) == len(FLAG_COMBINATIONS)
-    assert len({(corpus, split, kind) for _, corpus, split, kind in drawn}) == len(CATEGORIES)
-
-
-@pytest.mark.parametrize("case", range(GPT_CASES))
+@pytest.mark.parametrize("case", range(len(GPT_CASES)))
 def test_gpt_dataset_matches_megatron(tmp_path: Path, case: int) -> None:
-    """Arrays, length, description, cache files and samples (all of them for short datasets,
-    else 40 random ones, the first, the last and the padding sample, then one batch through
-    `__getitems__` and torch's default collate) equal megatron-core's."""
+    """Arrays, length, description, cache files and every key of the samples (a full sweep
+    where the dataset holds at most FULL_SWEEP_SAMPLES samples and FULL_SWEEP_TOKENS tokens
+    of them, else the first, the
+    last, the padding sample and random ones, then one batch through `__getitems__` and torch's
+    default collate) equal megatron-core's; where megatron refuses, tokenmill refuses alike;
+    where megatron fails on cu_seqlens (inter_document_masking), the sample it would return
+    (megatron_compare.expected_cu_seqlens_sample) is compared instead."""
     from torch.utils.data import default_collate
 
-    from megatron_compare import assert_same_sample, disable_mask_cache
+    from megatron_compare import (
+        assert_same_refusal,
+        assert_same_sample,
+        disable_mask_cache,
+        documented_sample,
+        same_outcome,
+    )
 
-    flags, corpus, split, kind = gpt_case(case)
+    drawn = GPT_CASES[case]
+    flags = {name: drawn[name] for name in FLAGS}
+    corpus, split, kind = drawn["corpus"], drawn["split"], drawn["samples"]
+    sequence_length = drawn["sequence_length"]
     rng = np.random.default_rng(1000 + case)
-    prefix = make_corpus(tmp_path, rng, corpus)
-    sequence_length = int(rng.choice([1, 2, 7, 64, 257]))
+    prefix = make_corpus(tmp_path, rng, corpus, sequence_length)
     seed = int(rng.integers(0, 2**32))
     low_level = IndexedDataset(prefix)
     count = len(low_level)
+    extra = int(flags["add_extra_token_to_sequence"])
     begin = int(rng.integers(0, count))
     end = int(rng.integers(begin + 1, count + 1))
+    if int(low_level.sequence_lengths[begin:end].sum()) - extra < sequence_length:
+        begin, end = 0, count  # a range too short for one sample: the whole corpus
     indices = np.arange(begin, end, dtype=np.int32)
     tokens = int(low_level.sequence_lengths[indices].sum())
     per_epoch = max((tokens - 1) // sequence_length, 1)
@@ -193,12 +223,18 @@ def test_gpt_dataset_matches_megatron(tmp_path: Path, case: int) -> None:
         "part of an epoch": max(int(per_epoch * rng.uniform(0.05, 0.95)), 1),
         "several epochs": int(per_epoch * rng.uniform(1.05, 4.0)),
     }[kind]
-    if tokens - int(flags["add_extra_token_to_sequence"]) < sequence_length and num_samples:
-        num_samples = None
     tokenizer = TinyTokenizer()
     common = {"random_seed": seed, "sequence_length": sequence_length, "tokenizer": tokenizer}
     common |= {"blend": ([prefix], None), "split": "1", **flags}
-    theirs = their_dataset(prefix, indices, num_samples, split, tmp_path / "megatron", **common)
+    where = f"case {case} {corpus} {split.name} {kind} S={sequence_length} {flags}"
+    try:
+        theirs = their_dataset(prefix, indices, num_samples, split, tmp_path / "megatron", **common)
+    except Exception as refusal:
+        with pytest.raises(Exception) as ours_refused:
+            our_dataset(prefix, indices, num_samples, split, tmp_path / "tokenmill", **common)
+        assert_same_refusal(ours_refused.value, refusal, where)
+        GPT_COVERAGE.record(case, drawn, "refused")
+        return
     ours = our_dataset(prefix, indices, num_samples, split, tmp_path / "tokenmill", **common)
     disable_mask_cache(theirs)  # see test_megatron_compat.py: megatron's loss-mask leak
     assert ours.unique_description == theirs.unique_description
@@ -209,32 +245,32 @@ def test_gpt_dataset_matches_megatron(tmp_path: Path, case: int) -> None:
             tmp_path / "megatron" / name
         ).read_bytes(), name
     if len(theirs) == 0:
+        GPT_COVERAGE.record(case, drawn, "empty")
         return
-    where = f"case {case} {corpus} {split.name} {kind} S={sequence_length} {flags}"
-    picked = (
-        list(range(len(theirs)))
-        if len(theirs) <= 48
-        else [0, *rng.integers(0, len(theirs), 40).tolist(), len(theirs) - 1]
-    )
-    valid_for_batch = []
+    large = sequence_length >= 2048 and flags["create_attention_mask"]
+    sweep = len(theirs) <= FULL_SWEEP_SAMPLES and len(theirs) * sequence_length <= FULL_SWEEP_TOKENS
+    if len(theirs) <= 48 or (sweep and not (large and not NIGHTLY)):
+        picked = list(range(len(theirs)))
+    else:
+        # a dense S x S mask (64 MiB at 8,192) that megatron builds document by document when
+        # reset_attention_mask is on: seconds per sample, so one random sample in CI
+        limit = (RANDOM_SAMPLES if NIGHTLY else 1) if large else RANDOM_SAMPLES
+        picked = [0, *rng.integers(0, len(theirs), limit).tolist(), len(theirs) - 1]
+    expected: dict[int | None, dict[str, Any]] = {}
     for idx in [*picked, None]:
-        try:
-            expected = theirs[idx]
-        except RuntimeError:
-            # megatron-core cannot pad cu_seqlens when a sample has more (empty) document parts
-            # than tokens; tokenmill drops the empty parts instead of failing.
-            assert flags["inter_document_masking"]
-            cu_seqlens = ours[idx]["cu_seqlens"]
-            assert int(cu_seqlens[-1]) == sequence_length
-            assert bool((cu_seqlens[1:] >= cu_seqlens[:-1]).all())
-            continue
-        assert_same_sample(ours[idx], expected, f"{where} idx {idx}")
-        if idx is not None:
-            valid_for_batch.append(idx)
-    batch = valid_for_batch[:16]
-    if batch:
-        expected_batch = default_collate([theirs[idx] for idx in batch])
-        assert_same_sample(default_collate(ours.__getitems__(batch)), expected_batch, where)
+        pair = same_outcome(
+            lambda idx=idx: theirs[idx],
+            lambda idx=idx: ours[idx],
+            f"{where} idx {idx}",
+            documented=lambda idx=idx: documented_sample(theirs, idx),
+        )
+        assert pair is not None, f"{where} idx {idx}: both refused a valid index"
+        assert_same_sample(pair[1], pair[0], f"{where} idx {idx}")
+        expected[idx] = pair[0]
+    batch = picked[: 4 if large else 16]
+    expected_batch = default_collate([expected[idx] for idx in batch])
+    assert_same_sample(default_collate(ours.__getitems__(batch)), expected_batch, where)
+    GPT_COVERAGE.record(case, drawn, "compared")
 
 
 def test_pad_token_and_real_pads_match_megatron(tmp_path: Path) -> None:

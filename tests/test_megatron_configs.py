@@ -1,6 +1,6 @@
 """Every config path of BlendedMegatronDatasetBuilder against megatron-core 0.19.2.
 
-Each case draws every dimension independently from its own seeded generator: the form of the
+Cases come from a covering design (tests/covering.py): every pair of settings of the form of the
 blend (one prefix, weighted or unweighted blends, blend_per_split with any mix of single,
 weighted, unweighted and absent splits, multiple_validation_sets with and without
 full_validation, mock data), the corpora (including ones so small that "98,2,0" or "969,30,1"
@@ -12,20 +12,19 @@ back from the JSON file Megatron-LM's tools/build_sequences_per_dataset.py write
 
 Both libraries build with their own cache directory and must give the same result: the same
 datasets (class, length, description and hash, arrays, samples) and byte-identical cache files;
-where megatron-core refuses a case, tokenmill must refuse it too, with the same exception type,
-or ValueError/IndexError where megatron-core asserts (the documented difference). Then every
+where megatron-core refuses a case, tokenmill must refuse it too, in the same exception family
+and with the same normalised message (megatron_compare.assert_same_refusal). Then every
 fast path reloads each library's caches with the other library: `defer_npy_index_mmap`,
 `fast_cache_load` (blend_per_split and mock only, as megatron requires) and both, compared the
 same way.
 
-Cost: TOKENMILL_CONFIG_CASES cases (default 40, about 30 s on the 2-core dev VM); the larger
-sweep in the report was run with TOKENMILL_CONFIG_CASES=400.
+The run prints the pairs its compared cases reached (refusals and empty results counted apart);
+TOKENMILL_DIFFERENTIAL=nightly runs three designs (its report: tests/reports/).
 """
 
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import warnings
 from pathlib import Path
@@ -34,8 +33,10 @@ from typing import Any
 import numpy as np
 import pytest
 
+from covering import NIGHTLY, all_pairs, pairs_of, pairwise_cases, suite
+
 from conftest import random_documents, write_megatron_shard
-from megatron_compare import cache_files, compare_results
+from megatron_compare import assert_same_refusal, cache_files, compare_results
 
 pytestmark = [
     pytest.mark.megatron,
@@ -55,8 +56,6 @@ from tokenmill.datasets.gpt import GPTDataset, GPTDatasetConfig, MockGPTDataset
 from tokenmill.datasets.utils import parse_and_normalize_split
 from tokenmill.megatron.indexed_dataset import _IndexReader
 
-CASES = int(os.environ.get("TOKENMILL_CONFIG_CASES", "40"))
-
 FLAGS = (
     "reset_position_ids",
     "reset_attention_mask",
@@ -69,6 +68,28 @@ FLAGS = (
 SPLITS = ("969,30,1", "98,2,0", "1", "0.9 0.1", "80,10,10", "7/2/1", "1,1,1", "0,0,1", "3 5")
 FORMS = ("single", "weighted", "unweighted", "per-split", "multiple-validation", "mock")
 PER_SPLIT_KINDS = ("none", "single", "weighted", "unweighted")
+# Every pair of settings of these dimensions meets in at least one case of the CI set
+# (tests/covering.py); TOKENMILL_DIFFERENTIAL=nightly meets every pair three times. The split
+# string, the corpora and the weights are drawn from each case's own generator.
+CONFIG_DIMENSIONS: dict[str, tuple[Any, ...]] = {
+    "form": FORMS,
+    **{name: (False, True) for name in FLAGS},
+    "vocab": (1000, 70000),
+    "pad": (None, 3, 0, 7),
+    "special_tokens_dict": (False, True),
+    "eos": (False, True),
+    "sequence_length": (1, 3, 16, 64, 255),
+    "mid_level_dataset_surplus": (0.0, 0.005, 0.2, 1.0),
+    "num_dataset_builder_threads": (1, 2, 3),
+    "mmap_bin_files": (False, True),
+    "sizes": ("count", "zero", "mixed"),
+    "sequences_per_dataset": (False, True),
+}
+CONFIG_CASES = pairwise_cases(CONFIG_DIMENSIONS, seed=3, repeat=3 if NIGHTLY else 1)
+CONFIG_COVERAGE = suite("builder configs (test_megatron_configs)", CONFIG_DIMENSIONS)
+# Weighted cases drawn again with a split of size None: megatron-core refuses them, and so must
+# tokenmill (the refusals compared, counted apart).
+REFUSAL_CASES = [n for n, drawn in enumerate(CONFIG_CASES) if drawn["form"] == "weighted"][:3]
 
 
 class Tokenizer:
@@ -103,27 +124,30 @@ def split_bounds(split: str, documents: int) -> list[tuple[int, int] | None]:
 class Case:
     """One drawn configuration: the config fields, sizes and prefixes of both libraries."""
 
-    def __init__(self, case: int, tmp_path: Path) -> None:
-        rng = np.random.default_rng(7000 + case)
+    def __init__(self, case: int, tmp_path: Path, refuse: bool = False, draw: int = 0) -> None:
+        drawn = CONFIG_CASES[case]
+        self.drawn = drawn
+        self.refuse = refuse  # a weighted blend with a split of size None: refused by both
+        rng = np.random.default_rng(7000 + case + 100_000 * draw)
         self.rng = rng
-        self.form = FORMS[int(rng.integers(len(FORMS)))]
-        vocab = int(rng.choice([1000, 70000]))
+        self.form = drawn["form"]
+        self.size_kind = drawn["sizes"]
+        vocab = drawn["vocab"]
         self.token_dtype = np.int32 if vocab > 65536 else np.uint16
-        pad_choice = int(rng.integers(4))
         tokenizer = Tokenizer(
             vocab,
-            pad=[None, 3, 0, 7][pad_choice],  # 0 collides with EOD
-            special={"eos_token": 7, "pad_token": 3} if rng.random() < 0.3 else None,
-            eos=7 if rng.random() < 0.3 else None,
+            pad=drawn["pad"],  # 0 collides with EOD
+            special={"eos_token": 7, "pad_token": 3} if drawn["special_tokens_dict"] else None,
+            eos=7 if drawn["eos"] else None,
         )
-        flags = {name: bool(rng.integers(2)) for name in FLAGS}
+        flags = {name: drawn[name] for name in FLAGS}
         self.fields: dict[str, Any] = {
             "random_seed": int(rng.integers(0, 2**32)),
-            "sequence_length": int(rng.choice([1, 3, 16, 64, 255])),
+            "sequence_length": drawn["sequence_length"],
             "tokenizer": tokenizer,
-            "mid_level_dataset_surplus": float(rng.choice([0.0, 0.005, 0.2, 1.0])),
-            "num_dataset_builder_threads": int(rng.choice([1, 2, 3])),
-            "mmap_bin_files": bool(rng.integers(2)),
+            "mid_level_dataset_surplus": drawn["mid_level_dataset_surplus"],
+            "num_dataset_builder_threads": drawn["num_dataset_builder_threads"],
+            "mmap_bin_files": drawn["mmap_bin_files"],
             **flags,
         }
         self.prefixes: list[str] = []
@@ -131,7 +155,7 @@ class Case:
         self.tmp_path = tmp_path
         self.sizes: list[int | None] = [None, None, None]
         self._draw_form(rng)
-        self.sequences_json = self.form != "mock" and rng.random() < 0.3
+        self.sequences_json = self.form != "mock" and drawn["sequences_per_dataset"]
         if self.sequences_json:
             self.fields["sequences_per_dataset"] = self._sequences_per_dataset()
 
@@ -146,14 +170,24 @@ class Case:
         return self.prefixes[-1]
 
     def _size(self, weighted: bool, may_be_empty: bool) -> int | None:
-        """A split size: None (one epoch), 0, or a count; weighted blends need a count, and a
-        split that may get no documents gets None (megatron-core loops forever drawing samples
-        from a split without tokens; see test_megatron_compat.py)."""
+        """A split size of the case's kind: "count" (a number of samples), "zero" (0 where
+        the blend allows, else a count: megatron-core refuses a blend with every size 0) or
+        "mixed" (each split a count, 0 or, unweighted, None: one epoch). A split that may get
+        no documents gets 0 when weighted (megatron builds nothing there), else None
+        (megatron-core loops forever drawing samples from a split without tokens; see
+        test_megatron_compat.py); weighted blends need a size for every split, so they never
+        get None (that refusal has its own cases: REFUSAL_CASES)."""
         rng = self.rng
         if may_be_empty:
+            return 0 if weighted else None
+        kind = self.size_kind
+        if kind == "mixed":
+            kind = ["count", "zero", "count", "none"][int(rng.integers(4 if not weighted else 3))]
+        if kind == "zero" and rng.random() < 0.5:
+            return 0
+        if kind == "none":
             return None
-        choice = int(rng.integers(4 if not weighted else 3))
-        return [int(rng.integers(1, 300)), 0, int(rng.integers(300, 900)), None][choice]
+        return int(rng.integers(1, 300)) if rng.random() < 0.5 else int(rng.integers(300, 900))
 
     def _blend(self, count: int, weighted: bool, documents: int) -> tuple[list[str], Any]:
         prefixes = [self._shard(documents) for _ in range(count)]
@@ -170,8 +204,15 @@ class Case:
             # megatron's mock corpus is 100 000 documents of up to 4096 tokens: keep S large so
             # a one-epoch split stays small
             self.cls = "mock"
+            # megatron's mock corpus is 100 000 documents of up to 4096 tokens: a short sequence
+            # is 10^8 samples per epoch (gigabytes of index), so mock data always runs at 1024
+            # (the one dimension a mock case does not take from the design); sizes are counts
             self.fields["sequence_length"] = 1024
-            self.sizes = [int(rng.integers(1, 200)), int(rng.integers(0, 40)), None]
+            self.sizes = [
+                int(rng.integers(1, 200)),
+                int(rng.integers(0, 40)),
+                int(rng.integers(1, 9)),
+            ]
             return
         self.cls = "gpt"
         if form in ("single", "weighted", "unweighted"):
@@ -187,13 +228,15 @@ class Case:
                     break
             self.fields["split"] = split
             self.fields["blend"] = self._blend(count, weighted, documents)
+            # a split without a share gets 0 in a weighted blend (megatron refuses None there:
+            # weights need a size), else None
             self.sizes = [
-                None
+                (0 if weighted else None)
                 if bookends is None
                 else self._size(weighted, may_be_empty=bookends[1] - bookends[0] < 2)
                 for bookends in bounds
             ]
-            if weighted and rng.random() < 0.1:
+            if self.refuse:
                 self.sizes[int(rng.integers(3))] = None  # refused by both (weights need a size)
             return
         per_split: list[Any] = []
@@ -253,19 +296,6 @@ class Case:
         return f"form={self.form} sizes={self.sizes} {shown}"
 
 
-def assert_same_refusal(ours: BaseException | None, theirs: BaseException, where: str) -> None:
-    """tokenmill refuses what megatron-core refuses: the same type (or a subclass), or
-    ValueError / IndexError where megatron-core asserts (documented), RuntimeError where its
-    mock path wraps an error in a bare Exception."""
-    assert ours is not None, f"{where}: megatron-core raised {theirs!r}, tokenmill did not"
-    if isinstance(theirs, AssertionError):
-        assert isinstance(ours, (ValueError, IndexError)), f"{where}: {ours!r} vs {theirs!r}"
-    elif type(theirs) is Exception:
-        assert isinstance(ours, Exception), where
-    else:
-        assert isinstance(ours, type(theirs)), f"{where}: {ours!r} vs {theirs!r}"
-
-
 def run_both(case: Case, name: str, **overrides: Any) -> tuple[Any, Any]:
     theirs, their_error = case.build("megatron", case.tmp_path / f"{name}-megatron", **overrides)
     ours, our_error = case.build("tokenmill", case.tmp_path / f"{name}-tokenmill", **overrides)
@@ -278,12 +308,36 @@ def run_both(case: Case, name: str, **overrides: Any) -> tuple[Any, Any]:
     return ours, theirs
 
 
-@pytest.mark.parametrize("case", range(CASES))
+def all_empty(result: list[Any]) -> bool:
+    """No split built a dataset with a sample (None, or every dataset of length 0)."""
+
+    def empty(dataset: Any) -> bool:
+        if dataset is None:
+            return True
+        if isinstance(dataset, list):
+            return all(map(empty, dataset))
+        return len(dataset) == 0
+
+    return all(map(empty, result))
+
+
+# Draws of a case's corpora, seed and weights (its design settings kept) before it gives up:
+# a refusal by both (tiny corpora give a member no samples) is compared and counted, then the
+# case is drawn again, so the design's pairs are reached by comparisons.
+DRAWS = 6
+
+
+@pytest.mark.parametrize("case", range(len(CONFIG_CASES)))
 def test_config_paths_match_megatron(tmp_path: Path, case: int) -> None:
-    drawn = Case(case, tmp_path)
-    _, theirs = run_both(drawn, "build")
-    if theirs is None:
+    for draw in range(DRAWS):
+        drawn = Case(case, tmp_path / f"draw{draw}", draw=draw)
+        _, theirs = run_both(drawn, "build")
+        if theirs is not None:
+            break
+        CONFIG_COVERAGE.record(case, drawn.drawn, "refused", draw)
+    else:
         return
+    tmp_path = drawn.tmp_path
     megatron_files = cache_files(tmp_path / "build-megatron")
     tokenmill_files = cache_files(tmp_path / "build-tokenmill")
     assert tokenmill_files == megatron_files, drawn.describe()
@@ -307,19 +361,18 @@ def test_config_paths_match_megatron(tmp_path: Path, case: int) -> None:
             continue
         assert our_error is None, f"{where}: tokenmill raised {our_error!r}"
         compare_results(ours_fast, theirs_fast, drawn.rng, where)
+    outcome = "empty" if all_empty(theirs) else "compared"
+    CONFIG_COVERAGE.record(case, drawn.drawn, outcome, draw)
 
 
-def test_generator_covers_every_form_and_flag_value(tmp_path: Path) -> None:
-    """The draws are independent: across the cases every form, split string, flag value, and
-    a size of each kind (None, 0, count) appears."""
-    forms, splits, flags, sizes = set(), set(), set(), set()
-    for case in range(CASES):
-        drawn = Case(case, tmp_path / str(case))
-        forms.add(drawn.form)
-        splits.add(drawn.fields.get("split"))
-        flags.update((name, drawn.fields[name]) for name in FLAGS)
-        sizes.update("none" if s is None else "zero" if s == 0 else "count" for s in drawn.sizes)
-    assert forms == set(FORMS)
-    assert len(splits - {None}) >= 6
-    assert len(flags) == 2 * len(FLAGS)
-    assert sizes == {"none", "zero", "count"}
+@pytest.mark.parametrize("case", REFUSAL_CASES)
+def test_weighted_blend_without_a_size_is_refused_like_megatron(tmp_path: Path, case: int) -> None:
+    drawn = Case(case, tmp_path, refuse=True)
+    _, theirs = run_both(drawn, "build")
+    assert theirs is None, f"megatron-core built {drawn.describe()}"
+
+
+def test_config_cases_cover_every_pair() -> None:
+    covered = set().union(*(pairs_of(case, CONFIG_DIMENSIONS) for case in CONFIG_CASES))
+    assert covered == all_pairs(CONFIG_DIMENSIONS)
+    assert REFUSAL_CASES

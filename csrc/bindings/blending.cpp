@@ -7,6 +7,8 @@
 #include <string>
 
 #include "../blending.hpp"
+#include "../cpu_features.hpp"
+#include "../shuffle.hpp"
 #include "arrays.hpp"
 #include "bindings.hpp"
 
@@ -137,6 +139,12 @@ void build_exhaustive_blending_indices_auto(const py::array& sizes, py::array da
 }  // namespace
 
 void register_blending(py::module_& m, py::module_& testing) {
+  // TOKENMILL_SIMD pins the shuffle's and the blending kernels' units (cpu_features.hpp); a
+  // request this CPU cannot run, or a misspelt one, refuses the import with the reason instead
+  // of crashing on an illegal instruction or silently testing another unit.
+  if (!tokenmill::cpu_features().error.empty()) {
+    throw py::value_error(tokenmill::cpu_features().error);
+  }
   m.def("build_blending_indices", &build_blending_indices_auto, "weights"_a.noconvert(),
         "dataset_index"_a.noconvert(), "dataset_sample_index"_a.noconvert(), py::kw_only(),
         "threads"_a = 0,
@@ -169,6 +177,25 @@ void register_blending(py::module_& m, py::module_& testing) {
       "path"_a = "auto",
       "The instruction set the active-set kernel runs on for `path` on this CPU: 'avx512', "
       "'avx2' or 'baseline' (SSE2 on x86-64, scalar elsewhere).");
+  testing.def(
+      "simd_dispatch",
+      []() {
+        const auto& features = tokenmill::cpu_features();
+        py::list supported;
+        supported.append("baseline");
+        if (features.cpu_avx2) supported.append("avx2");
+        if (features.cpu_avx512) supported.append("avx512");
+        py::dict info;
+        info["requested"] = features.requested;
+        info["level"] = std::string(tokenmill::simd_level());
+        info["shuffle"] = std::string(tokenmill::Mt19937::twist_isa());
+        info["blending"] = std::string(tokenmill::active_set_isa());
+        info["supported"] = supported;
+        return info;
+      },
+      "The SIMD dispatch of this process: 'requested' (TOKENMILL_SIMD as given), 'level' (the "
+      "unit the kernels use), 'shuffle' (the MT19937 twist's unit), 'blending' (the active "
+      "set's unit) and 'supported' (the units this CPU and build can run).");
 }
 
 }  // namespace tokenmill::bindings
