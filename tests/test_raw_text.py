@@ -1,0 +1,314 @@
+"""Raw-text blend entries (tokenmill.raw_text, tokenmill.datasets.raw_text): the samples equal
+those of `tokenmill tokenize` + GPTDataset over its output, for every input kind, tokenizer and
+backend, on 1, 2 and 4 gloo ranks; a second launch tokenizes nothing; a SIGKILLed launch resumes
+the remaining pieces; a changed file re-tokenizes only itself; Megatron's `--data-path` under
+patch_megatron."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from raw_text_support import (
+    FORK,
+    build,
+    documents,
+    free_port,
+    gpt_config,
+    make_corpora,
+    rank_main,
+    samples_digest,
+    train_bpe,
+    write_corpus,
+    write_tiktoken,
+)
+from tokenmill.raw_text import RawText
+from tokenmill.raw_text import resolver as resolver_module
+from tokenmill.tokenize import TokenizeConfig, load_tokenizer, tokenize
+
+ENTRY_KINDS = ["jsonl", "zst", "parquet", "directory", "glob"]
+
+
+@pytest.fixture(scope="module")
+def corpora(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    return make_corpora(tmp_path_factory.mktemp("corpora"))
+
+
+@pytest.fixture(scope="module")
+def bpe(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return str(train_bpe(tmp_path_factory.mktemp("bpe") / "tokenizer.json"))
+
+
+@pytest.fixture(scope="module")
+def tiktoken_file(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return str(write_tiktoken(tmp_path_factory.mktemp("tiktoken") / "tiny.tiktoken"))
+
+
+def offline_digest(entries: list[str], spec: str, root: Path, **options: Any) -> str:
+    """`tokenmill tokenize` of each entry, then the same blend over its outputs."""
+    prefixes = []
+    for number, entry in enumerate(entries):
+        prefix = root / f"offline{number}"
+        tokenize(
+            TokenizeConfig(
+                inputs=(entry,),
+                output_prefix=str(prefix),
+                tokenizer=_spec(spec),
+                progress=False,
+                **options,
+            )
+        )
+        prefixes.append(str(prefix))
+    config = gpt_config(prefixes, load_tokenizer(spec), str(root / "offline-cache"))
+    return samples_digest(build(config))
+
+
+def _spec(value: str) -> Any:
+    from tokenmill.tokenize import TokenizerSpec
+
+    return TokenizerSpec.parse(value)
+
+
+def counting_tokenize(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    tokenized: list[str] = []
+
+    def counting(config: TokenizeConfig) -> Any:
+        tokenized.append(config.inputs[0])
+        return tokenize(config)
+
+    monkeypatch.setattr(resolver_module, "tokenize", counting)
+    return tokenized
+
+
+@pytest.mark.parametrize(
+    "backend", ["hf", "gigatoken:hf", "reference:hf", "gigatoken:tiktoken", "reference:tiktoken"]
+)
+def test_raw_text_blend_equals_offline_tokenize_then_gpt_dataset(
+    tmp_path: Path,
+    corpora: dict[str, str],
+    bpe: str,
+    tiktoken_file: str,
+    backend: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    prefix, _, kind = backend.rpartition(":")
+    path = bpe if kind == "hf" else tiktoken_file
+    spec = f"{prefix}:{path}" if prefix else path
+    entries = [corpora[kind] for kind in ENTRY_KINDS]
+    expected = offline_digest(entries, spec, tmp_path)
+    tokenized = counting_tokenize(monkeypatch)
+    config = gpt_config(
+        entries, spec, str(tmp_path / "cache"), raw_text=RawText(threads=1, progress=False)
+    )
+    assert samples_digest(build(config)) == expected
+    files = 3 + 4 + 3  # three single files, a directory of four, a glob of three
+    assert len(tokenized) == len(set(tokenized)) == files
+    # a second launch tokenizes nothing and gives the same samples
+    assert samples_digest(build(config)) == expected
+    assert len(tokenized) == files
+
+
+def test_a_changed_file_re_tokenizes_only_itself(
+    tmp_path: Path, bpe: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = tmp_path / "data"
+    for number in range(3):
+        write_corpus(root / f"f{number}.jsonl", documents(40 + number, 20))
+    entry = str(root)
+    tokenized = counting_tokenize(monkeypatch)
+    config = gpt_config(
+        [entry], bpe, str(tmp_path / "cache"), raw_text=RawText(threads=1, progress=False)
+    )
+    build(config)
+    assert len(tokenized) == 3
+    time.sleep(0.01)
+    write_corpus(root / "f1.jsonl", documents(99, 23))
+    digest = samples_digest(build(config))
+    assert tokenized[3:] == [str(root / "f1.jsonl")]
+    assert digest == offline_digest([entry], bpe, tmp_path / "offline")
+
+
+def test_options_reach_the_tokenizer_like_tokenize_s(
+    tmp_path: Path, bpe: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    entry = str(write_corpus(tmp_path / "k.jsonl", documents(7, 40), key="content"))
+    expected = offline_digest(
+        [entry],
+        bpe,
+        tmp_path,
+        prepend_bos=True,
+        append_eod=False,
+        read=__import__("tokenmill.tokenize", fromlist=["ReadOptions"]).ReadOptions(
+            json_key="content"
+        ),
+    )
+    options = RawText(json_key="content", prepend_bos=True, append_eod=False, progress=False)
+    config = gpt_config([entry], bpe, str(tmp_path / "cache"), raw_text=options)
+    assert samples_digest(build(config)) == expected
+
+
+def test_a_raw_text_entry_without_a_resolver_is_refused(tmp_path: Path, bpe: str) -> None:
+    entry = str(write_corpus(tmp_path / "x.jsonl", documents(1, 5)))
+    config = gpt_config([entry], load_tokenizer(bpe), str(tmp_path / "cache"))
+    with pytest.raises(ValueError, match=r"x.jsonl' names raw text.*raw_text=tokenmill.RawText"):
+        build(config)
+
+
+class MegatronStyleTokenizer:
+    """What Megatron-LM's HuggingFaceTokenizer exposes: tokenize(), vocab_size, eod, and the
+    directory it was loaded from."""
+
+    def __init__(self, directory: str, add_bos: bool = False) -> None:
+        from tokenizers import Tokenizer
+
+        self.tokenizer_model = directory
+        self._tokenizer = Tokenizer.from_file(os.path.join(directory, "tokenizer.json"))
+        self.add_bos = add_bos
+        self.vocab_size = self._tokenizer.get_vocab_size()
+        self.eod = self._tokenizer.token_to_id("<|endoftext|>")
+        self.unique_identifiers = {"class": "MegatronStyleTokenizer", "path": directory}
+
+    def tokenize(self, text: str) -> list[int]:
+        ids = self._tokenizer.encode(text, add_special_tokens=False).ids
+        return [self._tokenizer.token_to_id("<|bos|>"), *ids] if self.add_bos else ids
+
+
+def test_megatron_tokenizer_runs_on_the_fast_backend_when_ids_agree(
+    tmp_path: Path, corpora: dict[str, str], bpe: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    megatron_tokenizer = MegatronStyleTokenizer(os.path.dirname(bpe))
+    # no special-token text in the documents: HF's encode would read it as the special id
+    plain = [text.replace("<|endoftext|>", "eot") for text in documents(5, 80)]
+    entries = [
+        str(write_corpus(tmp_path / "plain.jsonl", plain)),
+        str(write_corpus(tmp_path / "plain" / "p.parquet", plain[:30])),
+    ]
+    expected = offline_digest(entries, bpe, tmp_path)
+    config = gpt_config(
+        entries, megatron_tokenizer, str(tmp_path / "cache"), raw_text=RawText(progress=False)
+    )
+    with caplog.at_level(logging.INFO, logger="tokenmill.raw_text.resolver"):
+        assert samples_digest(build(config)) == expected
+    assert "same ids on a sample" in caplog.text
+    assert "own tokenize()" not in caplog.text
+
+
+def test_megatron_tokenizer_reading_special_text_as_special_is_not_replaced(
+    tmp_path: Path, corpora: dict[str, str], bpe: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """HF's encode turns '<|endoftext|>' inside a document into the special id, tokenmill's
+    backends keep it text: the sample check sees the difference and keeps the object's ids."""
+    megatron_tokenizer = MegatronStyleTokenizer(os.path.dirname(bpe))
+    config = gpt_config(
+        [corpora["jsonl"]],
+        megatron_tokenizer,
+        str(tmp_path / "cache"),
+        raw_text=RawText(progress=False),
+    )
+    with caplog.at_level(logging.INFO, logger="tokenmill.raw_text.resolver"):
+        build(config)
+    assert "encodes differently" in caplog.text
+
+
+def test_megatron_tokenizer_that_disagrees_tokenizes_with_its_own_tokenize(
+    tmp_path: Path, corpora: dict[str, str], bpe: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    megatron_tokenizer = MegatronStyleTokenizer(os.path.dirname(bpe), add_bos=True)
+    config = gpt_config(
+        [corpora["jsonl"]],
+        megatron_tokenizer,
+        str(tmp_path / "cache"),
+        raw_text=RawText(progress=False),
+    )
+    with caplog.at_level(logging.INFO, logger="tokenmill.raw_text.resolver"):
+        datasets = build(config)
+    assert caplog.text.count("own tokenize()") == 1
+    from tokenmill.formats.megatron import IndexedDataset
+
+    prefix = datasets[0].dataset_path
+    first = np.asarray(IndexedDataset(prefix)[0])
+    bos = megatron_tokenizer.tokenize("")[0]
+    assert first[0] == bos and first[-1] == megatron_tokenizer.eod
+
+
+def _launch(job: dict[str, Any]) -> dict[int, Any]:
+    processes = {
+        rank: FORK.Process(target=rank_main, args=(job, rank)) for rank in range(job["world"])
+    }
+    for process in processes.values():
+        process.start()
+    return processes
+
+
+def _finish(processes: dict[int, Any]) -> None:
+    for process in processes.values():
+        process.join(120)
+        assert process.exitcode == 0, f"a rank exited with {process.exitcode}"
+
+
+def _job(tmp_path: Path, world: int, entries: list[str], spec: str, run: str) -> dict[str, Any]:
+    out = tmp_path / run
+    out.mkdir()
+    return {
+        "world": world,
+        "rendezvous": f"tcp://127.0.0.1:{free_port()}",
+        "entries": entries,
+        "tokenizer": spec,
+        "cache": str(tmp_path / f"cache-{run}"),
+        "raw_cache": str(tmp_path / "raw"),
+        "out": str(out),
+    }
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("world", [1, 2, 4])
+def test_ranks_tokenize_together_and_see_the_offline_samples(
+    tmp_path: Path, corpora: dict[str, str], bpe: str, world: int
+) -> None:
+    entries = [corpora["zst"], corpora["parquet"], corpora["directory"]]
+    expected = offline_digest(entries, bpe, tmp_path)
+    job = _job(tmp_path, world, entries, bpe, "run")
+    _finish(_launch(job))
+    results = [json.loads(Path(job["out"], f"{r}.json").read_text()) for r in range(world)]
+    assert [r["digest"] for r in results] == [expected] * world
+    tokenized = [path for r in results for path in r["tokenized"]]
+    assert sorted(tokenized) == sorted(set(tokenized)) and len(tokenized) == 6  # each once
+    if world > 1:
+        assert all(r["tokenized"] for r in results), "a rank tokenized nothing"
+
+
+@pytest.mark.distributed
+def test_a_killed_launch_resumes_the_remaining_pieces(
+    tmp_path: Path, corpora: dict[str, str], bpe: str
+) -> None:
+    entries = [corpora["jsonl"], corpora["directory"], corpora["glob"]]  # 8 pieces
+    expected = offline_digest(entries, bpe, tmp_path)
+    job = _job(tmp_path, 2, entries, bpe, "first") | {"pause_rank": 1, "pause_after": 1}
+    processes = _launch(job)
+    deadline = time.monotonic() + 90
+    while not os.path.exists(os.path.join(job["out"], "paused")):
+        assert time.monotonic() < deadline, "rank 1 never paused"
+        assert all(p.is_alive() for p in processes.values()), "a rank died before the kill"
+        time.sleep(0.05)
+    for process in processes.values():  # the launcher tears the whole job down
+        os.kill(process.pid, signal.SIGKILL)
+        process.join()
+    pieces = Path(job["raw_cache"], "pieces")
+    committed = {p.name for p in pieces.glob("*.tokenmill.json")}
+    assert 1 <= len(committed) < 8
+    second = _job(tmp_path, 2, entries, bpe, "second")
+    _finish(_launch(second))
+    results = [json.loads(Path(second["out"], f"{r}.json").read_text()) for r in range(2)]
+    assert [r["digest"] for r in results] == [expected] * 2
+    tokenized = [path for r in results for path in r["tokenized"]]
+    assert len(tokenized) == len(set(tokenized)) == 8 - len(committed)
+    assert len(list(pieces.glob("*.tokenmill.json"))) == 8
+    assert not any(Path(job["raw_cache"], "tmp").iterdir()), "a killed launch's leftovers stay"
