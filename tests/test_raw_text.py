@@ -312,3 +312,109 @@ def test_a_killed_launch_resumes_the_remaining_pieces(
     assert len(tokenized) == len(set(tokenized)) == 8 - len(committed)
     assert len(list(pieces.glob("*.tokenmill.json"))) == 8
     assert not any(Path(job["raw_cache"], "tmp").iterdir()), "a killed launch's leftovers stay"
+
+
+MEGATRON_SCRIPT = r'''
+import hashlib, json, os, sys
+
+import tokenmill
+
+tokenmill.patch_megatron()
+import torch
+from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
+from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
+from megatron.core.datasets.utils import get_blend_from_list
+from tokenizers import Tokenizer
+
+from tokenmill.tokenize import TokenizeConfig, TokenizerSpec, tokenize
+
+
+class _HFTokenizerModel:
+    """transformers' tokenizer as Megatron-LM's _HuggingFaceTokenizer holds it (`_tokenizer`):
+    name_or_path, __call__(text).input_ids, eos_token_id (transformers is not installed here)."""
+
+    def __init__(self, directory):
+        self.name_or_path = directory
+        self.backend = Tokenizer.from_file(os.path.join(directory, "tokenizer.json"))
+        self.eos_token_id = self.backend.token_to_id("<|endoftext|>")
+
+    def __call__(self, text):
+        class Encoding:
+            input_ids = self.backend.encode(text).ids
+        return Encoding()
+
+
+class HuggingFaceTokenizer:
+    """The attributes of Megatron-LM's --tokenizer-type HuggingFaceTokenizer."""
+
+    def __init__(self, tokenizer_model):
+        self._tokenizer = _HFTokenizerModel(tokenizer_model)
+        self.vocab_size = self._tokenizer.backend.get_vocab_size()
+        self.eod = self._tokenizer.eos_token_id
+        self.unique_identifiers = {"class": "HuggingFaceTokenizer", "model": tokenizer_model}
+
+    def tokenize(self, text):
+        return self._tokenizer(text).input_ids
+
+
+def batches(data_path, tokenizer, cache):
+    # what pretrain_gpt.py does: get_blend_and_blend_per_split -> core_gpt_dataset_config_from_args
+    blend = get_blend_from_list(data_path)
+    config = GPTDatasetConfig(
+        random_seed=1234, sequence_length=32, blend=blend, split="90,10,0",
+        path_to_cache=cache, tokenizer=tokenizer, reset_position_ids=False,
+        reset_attention_mask=False, eod_mask_loss=False, create_attention_mask=True,
+        mmap_bin_files=True,
+    )
+    train, valid, _ = BlendedMegatronDatasetBuilder(
+        GPTDataset, [64, 16, 0], lambda: True, config
+    ).build()
+    digest = hashlib.sha256()
+    for dataset in (train, valid):
+        for batch in torch.utils.data.DataLoader(dataset, batch_size=4, shuffle=False):
+            for name in sorted(batch):
+                digest.update(batch[name].numpy().tobytes())
+    return type(blend[0][1]).__name__, digest.hexdigest()
+
+
+files, tokenizer_dir, root = sys.argv[1].split(","), sys.argv[2], sys.argv[3]
+tokenizer = HuggingFaceTokenizer(tokenizer_dir)
+prefixes = []
+for number, path in enumerate(files):  # preprocessing with tokenmill first
+    prefix = os.path.join(root, f"pre{number}")
+    tokenize(TokenizeConfig(inputs=(path,), output_prefix=prefix, progress=False,
+             tokenizer=TokenizerSpec.parse(os.path.join(tokenizer_dir, "tokenizer.json"))))
+    prefixes.append(prefix)
+offline = batches(["30", prefixes[0], "70", prefixes[1]], tokenizer, os.path.join(root, "c1"))
+raw = batches(["30", files[0], "70", files[1]], tokenizer, os.path.join(root, "c2"))
+again = batches(["30", files[0], "70", files[1]], tokenizer, os.path.join(root, "c2"))
+print(json.dumps({"offline": offline, "raw": raw, "again": again}))
+'''
+
+
+def test_megatron_data_path_naming_jsonl_gives_the_batches_of_preprocessing_first(
+    tmp_path: Path, bpe: str
+) -> None:
+    """Under patch_megatron, pretrain_gpt.py's data path (get_blend_from_list over --data-path,
+    GPTDatasetConfig, the builder, a DataLoader) with --data-path naming jsonl files and a
+    HuggingFaceTokenizer over a local tokenizer.json directory."""
+    import subprocess
+    import sys
+
+    plain = [text.replace("<|endoftext|>", "eot") for text in documents(8, 120)]
+    first = write_corpus(tmp_path / "web.jsonl", plain[:70])
+    second = write_corpus(tmp_path / "books.jsonl", plain[70:])
+    script = tmp_path / "pretrain_data.py"
+    script.write_text(MEGATRON_SCRIPT)
+    result = subprocess.run(
+        [sys.executable, str(script), f"{first},{second}", os.path.dirname(bpe), str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    outcome = json.loads(result.stdout.strip().splitlines()[-1])
+    assert outcome["raw"][0] == "RawTextEntry"  # --data-path's jsonl entries were recognised
+    assert outcome["raw"][1] == outcome["offline"][1] == outcome["again"][1]
+    assert "same ids on a sample" in result.stderr or "own tokenize" not in result.stderr
