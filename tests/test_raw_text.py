@@ -418,3 +418,27 @@ def test_megatron_data_path_naming_jsonl_gives_the_batches_of_preprocessing_firs
     assert outcome["raw"][0] == "RawTextEntry"  # --data-path's jsonl entries were recognised
     assert outcome["raw"][1] == outcome["offline"][1] == outcome["again"][1]
     assert "same ids on a sample" in result.stderr or "own tokenize" not in result.stderr
+
+
+def test_a_run_config_file_names_raw_text(
+    tmp_path: Path, corpora: dict[str, str], bpe: str
+) -> None:
+    """Mixture/run config files: raw-text entries get RawText's defaults, or the file's
+    `raw_text` options; an unknown option is named."""
+    from tokenmill.runs.config_file import load_run_config
+
+    entries = [corpora["jsonl"], corpora["directory"]]
+    values = {
+        "random_seed": 1234, "sequence_length": 24, "split": "80,15,5",
+        "blend": [entries, [1.0, 2.0]], "path_to_cache": str(tmp_path / "cache"),
+        "reset_position_ids": True, "reset_attention_mask": False, "eod_mask_loss": True,
+        "create_attention_mask": False, "tokenizer": {"kind": "huggingface", "path": bpe},
+    }  # fmt: skip
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps(values))
+    config = load_run_config(path).config
+    assert isinstance(config.raw_text, RawText)
+    assert samples_digest(build(config)) == offline_digest(entries, bpe, tmp_path / "offline")
+    path.write_text(json.dumps(values | {"raw_text": {"json_key": "content", "colour": 1}}))
+    with pytest.raises(ValueError, match=r"run.json: raw_text: unknown option 'colour'"):
+        load_run_config(path)

@@ -323,7 +323,9 @@ def _commit_prefix(temporary: str, final: str) -> None:
     if _committed(final):
         return
     for path in (get_bin_path, get_idx_path, sidecar_path):
-        durable_replace(path(temporary), path(final))
+        # the pipeline and the merge fsynced their outputs before naming them: only the
+        # renames into the cache remain to be made durable
+        durable_replace(path(temporary), path(final), sync_source=False)
 
 
 def _temporary_directory(root: str, key: str) -> str:
