@@ -442,3 +442,18 @@ def test_a_run_config_file_names_raw_text(
     path.write_text(json.dumps(values | {"raw_text": {"json_key": "content", "colour": 1}}))
     with pytest.raises(ValueError, match=r"run.json: raw_text: unknown option 'colour'"):
         load_run_config(path)
+
+
+def test_what_counts_as_raw_text(tmp_path: Path) -> None:
+    from tokenmill.datasets.raw_text import is_raw_text
+
+    (tmp_path / "texts").mkdir()
+    (tmp_path / "both").mkdir()  # a directory that is also a prefix: the prefix wins
+    for name in ("both.idx", "named.jsonl.idx", "plain.idx"):
+        (tmp_path / name).write_bytes(b"")
+    assert is_raw_text(str(tmp_path / "a.jsonl")) and is_raw_text(str(tmp_path / "b.parquet"))
+    assert is_raw_text(str(tmp_path / "texts")) and is_raw_text(str(tmp_path / "x" / "*.zst"))
+    assert not is_raw_text(str(tmp_path / "both"))
+    assert not is_raw_text(str(tmp_path / "named.jsonl"))  # a prefix named like a file
+    assert not is_raw_text(str(tmp_path / "plain"))
+    assert is_raw_text("s3://bucket/web.jsonl.zst") and not is_raw_text("s3://bucket/web")

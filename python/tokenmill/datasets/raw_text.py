@@ -62,9 +62,11 @@ def is_raw_text(entry: str) -> bool:
         return True
     if entry.startswith(("s3://", "msc://")):
         return entry.endswith(RAW_TEXT_SUFFIXES) or glob.has_magic(entry)
-    if os.path.exists(entry + ".idx"):
-        return False
-    return entry.endswith(RAW_TEXT_SUFFIXES) or glob.has_magic(entry) or os.path.isdir(entry)
+    # an ordinary prefix costs one stat of its own name (not of its .idx/.bin, whose stats the
+    # warm path counts); `<entry>.idx` is looked at only for names that could be either
+    if entry.endswith(RAW_TEXT_SUFFIXES) or glob.has_magic(entry) or os.path.isdir(entry):
+        return not os.path.exists(entry + ".idx")
+    return False
 
 
 @dataclass(frozen=True)
