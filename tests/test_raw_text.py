@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import signal
 import time
 from pathlib import Path
@@ -137,7 +138,7 @@ def test_a_changed_file_re_tokenizes_only_itself(
 
 
 def test_options_reach_the_tokenizer_like_tokenize_s(
-    tmp_path: Path, bpe: str, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, bpe: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     entry = str(write_corpus(tmp_path / "k.jsonl", documents(7, 40), key="content"))
     expected = offline_digest(
@@ -152,7 +153,12 @@ def test_options_reach_the_tokenizer_like_tokenize_s(
     )
     options = RawText(json_key="content", prepend_bos=True, append_eod=False, progress=False)
     config = gpt_config([entry], bpe, str(tmp_path / "cache"), raw_text=options)
-    assert samples_digest(build(config)) == expected
+    with caplog.at_level(logging.INFO, logger="tokenmill.raw_text.resolver"):
+        assert samples_digest(build(config)) == expected
+    # one summary line per rank in the logs
+    assert re.search(
+        r"\[raw text\] rank 0/1: tokenized 1 of 1 piece\(s\) .* 0 already cached", caplog.text
+    )
 
 
 def test_a_raw_text_entry_without_a_resolver_is_refused(tmp_path: Path, bpe: str) -> None:
