@@ -216,7 +216,12 @@ def rank_main(job: dict[str, Any], rank: int) -> None:
         job["cache"],
         raw_text=RawText(cache_dir=job["raw_cache"], threads=1, progress=False),
     )
-    digest = samples_digest(build(config))
+    try:
+        digest = samples_digest(build(config))
+    except Exception as error:  # every rank must raise, none may hang
+        Path(job["out"], f"{rank}.json").write_text(json.dumps({"error": str(error)}))
+        dist.destroy_process_group()
+        return
     dist.barrier()
     Path(job["out"], f"{rank}.json").write_text(
         json.dumps({"digest": digest, "tokenized": tokenized})

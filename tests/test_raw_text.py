@@ -463,3 +463,16 @@ def test_what_counts_as_raw_text(tmp_path: Path) -> None:
     assert not is_raw_text(str(tmp_path / "named.jsonl"))  # a prefix named like a file
     assert not is_raw_text(str(tmp_path / "plain"))
     assert is_raw_text("s3://bucket/web.jsonl.zst") and not is_raw_text("s3://bucket/web")
+
+
+@pytest.mark.distributed
+def test_a_malformed_file_on_one_rank_fails_every_rank(tmp_path: Path, bpe: str) -> None:
+    root = tmp_path / "data"
+    for number in range(4):
+        write_corpus(root / f"f{number}.jsonl", documents(60 + number, 15))
+    with open(root / "f2.jsonl", "a") as stream:
+        stream.write('{"text": 17}\n')
+    job = _job(tmp_path, 2, [str(root)], bpe, "run")
+    _finish(_launch(job))
+    errors = [json.loads(Path(job["out"], f"{r}.json").read_text())["error"] for r in range(2)]
+    assert all("f2.jsonl" in error for error in errors), errors
