@@ -74,6 +74,8 @@ def test_demo_runs_end_to_end(tmp_path: object) -> None:
     assert "done:" in result.stdout
     assert "the Jargon File" in result.stdout
     assert "decodes back exactly: True" in result.stdout
+    assert "trained on raw text" in result.stdout
+    assert "same samples as the tokenized blend: True" in result.stdout
     # the fastest backend installed (the test extra has gigatoken), with its throughput
     assert re.search(r"backend: gigatoken [0-9.]+ .*; encoding [0-9.]+ MB/s", result.stdout)
     assert "own data" in _cli("demo", "--help").stdout

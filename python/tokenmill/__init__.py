@@ -31,6 +31,7 @@ _EXPORTS: dict[str, str] = {
     "normalize": "tokenmill.datasets.utils",
     "patch_megatron": "tokenmill.megatron",
     # tokenmill's own
+    "RawText": "tokenmill.raw_text",
     "PackedDataset": "tokenmill.datasets.packed",
     "PackingConfig": "tokenmill.datasets.packed",
     "document_block_mask": "tokenmill.datasets.packed",
@@ -90,6 +91,7 @@ __all__ = [  # noqa: RUF022 - grouped like _EXPORTS
     "convert_split_vector_to_split_matrix",
     "normalize",
     "patch_megatron",
+    "RawText",
     "PackedDataset",
     "PackingConfig",
     "document_block_mask",

@@ -114,6 +114,7 @@ from tokenmill.loading.threaded import ThreadedBatchLoader as ThreadedBatchLoade
 from tokenmill.megatron import (
     patch_megatron as patch_megatron,
 )
+from tokenmill.raw_text import RawText as RawText
 from tokenmill.runs.cache_build import build_cache as build_cache
 from tokenmill.runs.cache_build import check_cache as check_cache
 from tokenmill.runs.config_file import load_run_config as load_run_config
@@ -155,6 +156,7 @@ __all__ = [
     "PackedDataset",
     "PackingConfig",
     "PerformanceWarning",
+    "RawText",
     "SourceExhaustedError",
     "Split",
     "StaleCacheError",

@@ -28,6 +28,7 @@ from typing import Any
 from tokenmill.common import distributed
 from tokenmill.datasets.blended import BlendedDataset
 from tokenmill.datasets.config import BlendedMegatronDatasetConfig, GPTDatasetConfig
+from tokenmill.datasets.raw_text import resolve_raw_text
 from tokenmill.datasets.utils import (
     Split,
     SplitMatrix,
@@ -163,6 +164,8 @@ class BlendedMegatronDatasetBuilder:
 
         Must be called on every rank when torch.distributed is initialised.
         """
+        # blend entries naming raw text become cached prefixes (all ranks tokenize together)
+        self.config = resolve_raw_text(self.config)
         self._check_tokenizer_fingerprints()
         with once_per_file(), _no_full_collections():
             datasets = self._build_blended_dataset_splits()

@@ -17,6 +17,7 @@ are not part of any cache key:
   sample (valid with `drop_last_partial_validation_sequence=False`) in single precision, which can
   add one bogus sample above 2^24 tokens. False (default) reproduces that; True counts exactly.
 * `index_build_threads`: threads for the C++ index build (results never depend on it).
+* `raw_text`: the resolver of blend entries naming raw text (`tokenmill.datasets.raw_text`).
 * `token_output_dtype`: dtype of the returned `tokens` and `labels`: "int64" (default, megatron's
   `.long()`), "int32", or "storage" (the `.bin` dtype, e.g. uint16; 4x less memory and transfer
   than int64). Pad positions are 0 in every case.
@@ -243,6 +244,11 @@ class GPTDatasetConfig(BlendedMegatronDatasetConfig):
 
     token_output_dtype: str = "int64"
     """tokenmill: dtype of tokens/labels: "int64" (megatron), "int32" or "storage" (the .bin's)."""
+
+    raw_text: Any = None
+    """tokenmill: the resolver of blend entries that name raw text (``tokenmill.RawText(...)``:
+    tokenized by all ranks at build time into cached prefixes; see `tokenmill.datasets.raw_text`).
+    None: such entries need a resolver of their own (``patch_megatron``'s ``--data-path``)."""
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -26,6 +26,11 @@ names, plus tokenmill's own fields), three extra keys, and nothing else::
   `unique_identifiers` enter the cache key, so copy them exactly; or one of tokenmill's
   tokenizers (`kind: bytes`, or `kind: huggingface|tiktoken` with a `path` relative to the
   config file), whose identifiers tokenmill computes.
+* Blend entries may name raw text (``.jsonl``, ``.jsonl.gz``, ``.jsonl.zst``, ``.parquet``
+  files, directories or globs): they are tokenized at build time by all ranks into
+  ``<path_to_cache>/raw_text`` (see `tokenmill.raw_text`). `raw_text` (optional) is a mapping of
+  `tokenmill.RawText` options (``{json_key: content, prepend_bos: true}``); without it such
+  entries get the defaults, those of ``tokenmill tokenize``.
 * Any other key is an error naming the file and the key.
 """
 
@@ -239,6 +244,34 @@ def _tokenizer(value: Any, where: str, base: Path) -> Any:
     )
 
 
+def _names_raw_text(kwargs: Mapping[str, Any]) -> bool:
+    from tokenmill.datasets.raw_text import is_raw_text
+
+    blends = [kwargs.get("blend"), *(kwargs.get("blend_per_split") or [])]
+    return any(is_raw_text(entry) for blend in blends if blend for entry in blend[0])
+
+
+def _raw_text(options: Any, where: str) -> Any:
+    """`tokenmill.RawText` from the config file's `raw_text` mapping (None or true: defaults).
+
+    Raises:
+        ValueError: not a mapping, or an option RawText does not take (naming it).
+    """
+    from tokenmill.raw_text import RawText
+
+    if options is None or options is True:
+        return RawText()
+    if not isinstance(options, dict):
+        raise ValueError(f"{where} must be a mapping of RawText options, got {options!r}")
+    known = {item.name for item in dataclasses.fields(RawText)}
+    unknown = sorted(set(options) - known)
+    if unknown:
+        raise ValueError(
+            f"{where}: unknown option {unknown[0]!r} (known: {', '.join(sorted(known))})"
+        )
+    return RawText(**options)
+
+
 def _jsonable(value: Any) -> Any:
     return json.loads(json.dumps(value, default=lambda obj: obj.unique_identifiers))
 
@@ -296,6 +329,10 @@ def load_run_config(path: str | os.PathLike[str]) -> RunConfig:
             _parse_blend(blend, f"{name}: blend_per_split[{i}]") for i, blend in enumerate(splits)
         ]
     _check_field_types(GPTDatasetConfig, kwargs, name)
+    raw_options = kwargs.pop("raw_text", None)
+    identity = _jsonable({**kwargs, "packing": data.get("packing")})
+    if raw_options is not None or _names_raw_text(kwargs):
+        kwargs["raw_text"] = _raw_text(raw_options, f"{name}: raw_text")
     try:
         config = GPTDatasetConfig(**kwargs)
     except (TypeError, ValueError) as error:
@@ -318,5 +355,4 @@ def load_run_config(path: str | os.PathLike[str]) -> RunConfig:
         except (TypeError, ValueError) as error:
             raise ValueError(f"{name}: packing: {error}") from error
 
-    identity = _jsonable({**kwargs, "packing": data.get("packing")})
     return RunConfig(name, config, sizes, packing, identity)

@@ -1,0 +1,538 @@
+"""Raw text at launch: every rank tokenizes its share of a blend's raw-text entries into a
+content-addressed cache of Megatron prefixes, which the ordinary GPTDataset path then reads.
+
+Algorithm (:func:`tokenize_raw_text`, run by every rank with the same arguments):
+
+1. Each entry (a file, a directory or a glob) is expanded exactly as ``tokenmill tokenize``
+   expands its inputs (:func:`tokenmill.tokenize.expand_inputs`: sorted; directories searched
+   recursively). A *piece* is one input file.
+2. A piece's key is the sha256 of its input fingerprint (absolute path, size, mtime and ctime in
+   nanoseconds), the tokenizer's fingerprint (file sha256, kind, vocabulary, special ids,
+   backend and version) and the options (read options, BOS/EOD, dtype). Its prefix is
+   ``<cache>/pieces/<key>``. A piece is *committed* when ``<key>.tokenmill.json`` exists: the
+   ``.bin`` and ``.idx`` are renamed into place first and the sidecar last (`_commit_prefix`,
+   the one place that touches the cache's files), each fsynced. Committed pieces are never
+   rewritten, so a second launch tokenizes nothing, a killed launch leaves only whole pieces
+   (plus a temporary directory, removed when its piece is next tokenized), and a changed input
+   file changes only its own key.
+3. The pieces are shared out by size (largest first, to the least loaded rank; ties by path),
+   a pure function of the piece list, so every rank computes the same plan without talking.
+   Each rank tokenizes its uncommitted pieces with ``tokenmill tokenize``'s own pipeline (one
+   input, so the piece's bytes are those of the offline run's part for that input: same reader,
+   encoder, BOS/EOD shaping and dtype), then all ranks exchange their outcome (an error on one
+   rank is raised on every rank, after all have stopped).
+4. An entry of one file resolves to its piece. An entry of several files resolves to the merge
+   of its pieces in input order, ``<cache>/merged/<sha256 of the piece keys>``, written by one
+   rank (entry ``i`` by rank ``i % world``) with ``IndexedDatasetBuilder.add_index``, the same
+   concatenation ``tokenmill tokenize`` performs on its parts. So each entry's prefix holds the
+   same documents, sequences and tokens, in the same order, as ``tokenmill tokenize ENTRY``'s
+   output, whatever the number of ranks or pieces, and the samples of GPTDataset over it are
+   the offline path's.
+
+Memory per rank is bounded by the pipeline's streaming window (``memory_budget`` of chunks in
+flight) and the merge's block copy, never by the input size. Rank 0 shows a progress bar over
+its share (tqdm on a terminal, plain lines in logs); every rank logs one summary line.
+
+Tokenizers (:func:`adapt_tokenizer`): a tokenmill spec (a ``tokenizer.json`` / ``.tiktoken``
+path, optionally ``gigatoken:``/``reference:``, or a ``TokenizerSpec``) is loaded, and the
+loaded object replaces the spec in the datasets' config (it carries ``vocab_size`` and ``eod``);
+a tokenmill tokenizer object is used as it is; any other object is treated as a Megatron
+tokenizer: when it is backed by a ``tokenizer.json`` or ``.tiktoken`` file tokenmill reads, that
+file runs on tokenmill's fast backend once it gives the same ids as the object's own
+``tokenize`` (and the same EOD) on a sample of the data; otherwise the object's ``tokenize``
+encodes every document (correct, slower; said once in the log).
+
+Not yet: ``s3://`` entries (a clear ValueError names them), pieces smaller than a file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+import shutil
+import socket
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy
+
+from tokenmill.common import distributed
+from tokenmill.common.atomic import durable_replace
+from tokenmill.common.progress import Progress
+from tokenmill.datasets.raw_text import RawTextResolution
+from tokenmill.formats.dataset_sidecar import sidecar_path
+from tokenmill.formats.megatron import DType, get_bin_path, get_idx_path
+from tokenmill.tokenize.pipeline import TokenizeConfig, tokenize
+from tokenmill.tokenize.readers import ReadOptions, expand_inputs, read_documents
+from tokenmill.tokenize.reference_backends import Tokenizer
+from tokenmill.tokenize.tokenizers import TokenizerSpec
+
+__all__ = ["RawText", "RawTextStats", "adapt_tokenizer", "tokenize_raw_text"]
+
+logger = logging.getLogger(__name__)
+
+CACHE_VERSION = 1
+"""Bumped when the bytes a piece holds for the same key would change."""
+
+# Test hook: after this many pieces are committed, the rank stops until killed (so a kill test
+# lands between two known events instead of racing a timer).
+_PAUSE_VARIABLE = "TOKENMILL_TEST_RAW_TEXT_PAUSE_AFTER_PIECES"
+_PAUSED_VARIABLE = "TOKENMILL_TEST_RAW_TEXT_PAUSED_FILE"  # created when the pause begins
+
+
+@dataclass(frozen=True)
+class RawText:
+    """Options of raw-text blend entries, and their resolver (``GPTDatasetConfig.raw_text``).
+
+    Args:
+        cache_dir: where the tokenized pieces go; None: ``<path_to_cache>/raw_text`` of the
+            config (one of the two is needed; all ranks must see the same directory).
+        json_key: the field of each JSON line that holds the text (``tokenmill tokenize``'s).
+        column: the parquet column that holds the text.
+        prepend_bos: put the tokenizer's BOS before each document.
+        append_eod: put its EOD after each document (``tokenmill tokenize``'s default).
+        threads: gigatoken threads per rank; None: the node's cores over its ranks, at most 8.
+        memory_budget: bytes of text chunks in flight per rank (the streaming window).
+        sample_documents: documents on which a Megatron tokenizer and the fast backend of its
+            file must agree before the fast backend is used.
+        progress: progress bar on rank 0.
+    """
+
+    cache_dir: str | None = None
+    json_key: str = "text"
+    column: str = "text"
+    prepend_bos: bool = False
+    append_eod: bool = True
+    threads: int | None = None
+    memory_budget: int = 256 << 20
+    sample_documents: int = 64
+    progress: bool = True
+
+    def resolve(self, entries: Sequence[str], config: Any) -> RawTextResolution:
+        """The prefix of each raw-text entry (the datasets layer's resolver protocol)."""
+        cache_dir = self.cache_dir
+        if cache_dir is None:
+            if getattr(config, "path_to_cache", None) is None:
+                raise ValueError(
+                    f"blend entry {entries[0]!r} names raw text: its tokens need a cache "
+                    "directory shared by all ranks; set path_to_cache or RawText(cache_dir=...)"
+                )
+            cache_dir = os.path.join(config.path_to_cache, "raw_text")
+        prefixes, stats, replacement = tokenize_raw_text(entries, config.tokenizer, cache_dir, self)
+        logger.info("%s", stats.summary())
+        return RawTextResolution(prefixes=prefixes, tokenizer=replacement)
+
+
+@dataclass
+class RawTextStats:
+    """What one rank did."""
+
+    rank: int
+    world_size: int
+    pieces: int = 0
+    tokenized: list[str] = dataclasses.field(default_factory=list)
+    reused: int = 0
+    merged: int = 0
+    text_bytes: int = 0
+    tokens: int = 0
+    seconds: float = 0.0
+    backend: str = ""
+
+    def summary(self) -> str:
+        """One log line."""
+        rate = self.text_bytes / self.seconds / 1e6 if self.seconds > 0 else 0.0
+        return (
+            f"[raw text] rank {self.rank}/{self.world_size}: tokenized {len(self.tokenized)} of "
+            f"{self.pieces} piece(s) ({self.text_bytes / 1e6:.1f} MB of text, {self.tokens:,} "
+            f"tokens, {rate:.1f} MB/s), {self.reused} already cached, {self.merged} merge(s), "
+            f"{self.seconds:.1f} s; backend {self.backend}"
+        )
+
+
+@dataclass(frozen=True)
+class _Loaded(TokenizerSpec):
+    """A spec whose tokenizer is already loaded (a tokenmill or wrapped Megatron object): the
+    pipeline runs it in this process or on its threads, never pickles it."""
+
+    loaded: Any = None
+
+    def load(self) -> Tokenizer:
+        return self.loaded  # type: ignore[no-any-return]
+
+    def resolved(self, tokenizer: Tokenizer) -> TokenizerSpec:
+        return self
+
+
+class MegatronTokenizerAdapter(Tokenizer):
+    """A Megatron tokenizer's own ``tokenize`` as a tokenmill tokenizer (the slow path)."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.wrapped = tokenizer
+        self.kind = "megatron"
+        self.vocab_size = int(tokenizer.vocab_size)
+        self.eod_id = _special_id(tokenizer, "eod")
+        self.bos_id = _special_id(tokenizer, "bos")
+        self.path = None
+        self.backend = "megatron"
+        description = getattr(tokenizer, "unique_identifiers", None) or {
+            "class": type(tokenizer).__qualname__,
+            "vocab_size": self.vocab_size,
+        }
+        self.sha256 = hashlib.sha256(
+            json.dumps(description, sort_keys=True, default=str).encode()
+        ).hexdigest()
+
+    def encode_batch(self, texts: Sequence[str]) -> list[Any]:
+        return [numpy.asarray(self.wrapped.tokenize(text), dtype=numpy.int64) for text in texts]
+
+    def decode(self, ids: Any) -> str:
+        return str(self.wrapped.detokenize(list(ids)))
+
+    def backend_fields(self) -> dict[str, Any]:
+        return {"backend": "megatron", "backend_version": type(self.wrapped).__qualname__}
+
+    def describe(self) -> str:
+        return f"megatron ({type(self.wrapped).__qualname__})"
+
+
+def _special_id(tokenizer: Any, name: str) -> int | None:
+    try:
+        value = getattr(tokenizer, name, None)
+    except (AttributeError, NotImplementedError, ValueError):
+        return None
+    return None if value is None else int(value)
+
+
+def _tokenizer_file(tokenizer: Any) -> str | None:
+    """The ``tokenizer.json`` or ``.tiktoken`` file behind a Megatron tokenizer, if any."""
+    candidates: list[Any] = []
+    for owner in (
+        tokenizer,
+        getattr(tokenizer, "_tokenizer", None),
+        getattr(tokenizer, "tokenizer", None),
+    ):
+        if owner is None:
+            continue
+        for name in (
+            "tokenizer_model",
+            "tokenizer_path",
+            "pretrained_model_name_or_path",
+            "name_or_path",
+            "path",
+            "vocab_file",
+        ):
+            candidates.append(getattr(owner, name, None))
+        init_kwargs = getattr(owner, "init_kwargs", None)
+        if isinstance(init_kwargs, dict):
+            candidates.append(init_kwargs.get("tokenizer_file"))
+    for candidate in candidates:
+        if not isinstance(candidate, (str, os.PathLike)):
+            continue
+        path = os.fspath(candidate)
+        if os.path.isdir(path) and os.path.isfile(os.path.join(path, "tokenizer.json")):
+            return os.path.join(path, "tokenizer.json")
+        if os.path.isfile(path) and path.endswith((".json", ".tiktoken")):
+            return path
+    return None
+
+
+def adapt_tokenizer(
+    tokenizer: Any, sample_file: str, options: RawText
+) -> tuple[TokenizerSpec, Tokenizer, Any]:
+    """The spec the pipeline runs, the loaded tokenizer, and the object the datasets should use
+    instead of ``tokenizer`` (None: keep it). See the module docstring for the cases."""
+    if isinstance(tokenizer, (str, os.PathLike)):
+        tokenizer = TokenizerSpec.parse(os.fspath(tokenizer))
+    if isinstance(tokenizer, TokenizerSpec):
+        loaded = tokenizer.load()
+        return _Loaded(loaded=loaded), loaded, loaded
+    if isinstance(tokenizer, Tokenizer):
+        return _Loaded(loaded=tokenizer), tokenizer, None
+    if not callable(getattr(tokenizer, "tokenize", None)):
+        raise ValueError(
+            f"the config's tokenizer {tokenizer!r} is neither a tokenmill tokenizer (spec or "
+            "object) nor a Megatron tokenizer (no tokenize method): raw text cannot be tokenized"
+        )
+    path = _tokenizer_file(tokenizer)
+    reason: str | None = "it names no tokenizer.json or .tiktoken file tokenmill reads"
+    if path is not None:
+        fast = TokenizerSpec.parse(path).load()
+        reason = _disagreement(tokenizer, fast, sample_file, options)
+        if reason is None:
+            logger.info(
+                "[raw text] %s: its file %s runs on %s (same ids on a sample of %s)",
+                type(tokenizer).__qualname__,
+                path,
+                fast.describe_backend(),
+                sample_file,
+            )
+            return _Loaded(loaded=fast), fast, None
+    adapter = MegatronTokenizerAdapter(tokenizer)
+    logger.warning(
+        "[raw text] %s: tokenizing with its own tokenize() (slower): %s",
+        type(tokenizer).__qualname__,
+        reason,
+    )
+    return _Loaded(loaded=adapter), adapter, None
+
+
+def _disagreement(megatron: Any, fast: Tokenizer, sample_file: str, options: RawText) -> str | None:
+    """Why the fast backend cannot stand in for a Megatron tokenizer, or None if it can."""
+    if int(megatron.vocab_size) != fast.vocab_size:
+        return f"vocabulary {megatron.vocab_size} != the file's {fast.vocab_size}"
+    for name, wanted, mine in (
+        ("EOD", options.append_eod, fast.eod_id),
+        ("BOS", options.prepend_bos, fast.bos_id),
+    ):
+        if wanted and _special_id(megatron, name.lower()) != mine:
+            return f"its {name} id {_special_id(megatron, name.lower())} != the file's {mine}"
+    read = ReadOptions(json_key=options.json_key, column=options.column)
+    for number, text in enumerate(read_documents(sample_file, read)):
+        if number >= options.sample_documents:
+            break
+        expected = [int(i) for i in megatron.tokenize(text)]
+        got = [int(i) for i in fast.encode_batch([text])[0]]
+        if expected != got:
+            return f"document {number} of {sample_file} encodes differently"
+    return None
+
+
+def _cache_entries(root: str, kind: str) -> str:
+    directory = os.path.join(root, kind)
+    os.makedirs(directory, exist_ok=True)
+    return directory
+
+
+def _committed(prefix: str) -> bool:
+    return all(
+        os.path.exists(path)
+        for path in (get_bin_path(prefix), get_idx_path(prefix), sidecar_path(prefix))
+    )
+
+
+def _commit_prefix(temporary: str, final: str) -> None:
+    """Move a finished prefix into the cache: ``.bin``, ``.idx``, then the sidecar that marks it
+    committed, each fsynced (the cache's one use of the atomic-write helper). A prefix another
+    rank committed meanwhile is left as it is (same key, same bytes)."""
+    if _committed(final):
+        return
+    for path in (get_bin_path, get_idx_path, sidecar_path):
+        # the pipeline and the merge fsynced their outputs before naming them: only the
+        # renames into the cache remain to be made durable
+        durable_replace(path(temporary), path(final), sync_source=False)
+
+
+def _temporary_directory(root: str, key: str) -> str:
+    """A fresh working directory for `key`, after removing those of dead processes of this
+    host (a killed launch's leftovers)."""
+    host = socket.gethostname()
+    directory = _cache_entries(root, "tmp")
+    for name in os.listdir(directory):
+        parts = name.rsplit(".", 2)
+        if len(parts) == 3 and parts[0] == key and parts[1] == host:
+            with contextlib.suppress(ValueError):
+                if not _pid_alive(int(parts[2])):
+                    shutil.rmtree(os.path.join(directory, name), ignore_errors=True)
+    path = os.path.join(directory, f"{key}.{host}.{os.getpid()}")
+    shutil.rmtree(path, ignore_errors=True)
+    os.makedirs(path)
+    return path
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _share(sizes: list[tuple[str, int]], world_size: int) -> dict[str, int]:
+    """Piece -> rank: largest first, to the least loaded rank (ties: lowest rank)."""
+    loads = [0] * world_size
+    owner: dict[str, int] = {}
+    for key, size in sorted(sizes, key=lambda item: (-item[1], item[0])):
+        rank = min(range(world_size), key=lambda r: (loads[r], r))
+        owner[key] = rank
+        loads[rank] += max(size, 1)
+    return owner
+
+
+def _agree(error: BaseException | None) -> None:
+    """Every rank's outcome to every rank: raise this rank's error, or a RuntimeError naming
+    another rank's, on all ranks at once."""
+    if not distributed.is_initialized():
+        if error is not None:
+            raise error
+        return
+    import torch.distributed as dist
+
+    outcomes: list[Any] = [None] * distributed.get_world_size()
+    dist.all_gather_object(outcomes, None if error is None else f"{type(error).__name__}: {error}")
+    if error is not None:
+        raise error
+    for rank, outcome in enumerate(outcomes):
+        if outcome is not None:
+            raise RuntimeError(f"rank {rank} failed to tokenize raw text: {outcome}")
+
+
+def _piece_key(path: str, fingerprint: dict[str, Any], options: dict[str, Any]) -> str:
+    status = os.stat(path)
+    payload = {
+        "version": CACHE_VERSION,
+        "input": {
+            "path": os.path.abspath(path),
+            "size": status.st_size,
+            "mtime_ns": status.st_mtime_ns,
+            "ctime_ns": status.st_ctime_ns,
+        },
+        "tokenizer": fingerprint,
+        "options": options,
+    }
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
+
+
+def _default_threads() -> int:
+    local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
+    return max(1, min(8, (os.cpu_count() or 1) // max(1, local_ranks)))
+
+
+def tokenize_raw_text(
+    entries: Sequence[str], tokenizer: Any, cache_dir: str, options: RawText | None = None
+) -> tuple[dict[str, str], RawTextStats, Any]:
+    """Tokenize the raw-text entries into the cache by all ranks together (see the module
+    docstring); called by every rank with the same arguments.
+
+    Returns:
+        Each entry's prefix, this rank's stats, and the tokenizer the datasets should use
+        instead of the given one (None: keep it).
+
+    Raises:
+        FileNotFoundError: an entry matches no file.
+        ValueError: an ``s3://`` entry, or a tokenizer that cannot encode text.
+        DataFormatError: an input is malformed (names the file, line and field).
+        RuntimeError: another rank failed (every rank raises).
+    """
+    options = options or RawText()
+    started = time.perf_counter()
+    rank, world_size = distributed.get_rank(), distributed.get_world_size()
+    stats = RawTextStats(rank=rank, world_size=world_size)
+    for entry in entries:
+        if entry.startswith(("s3://", "msc://")):
+            raise ValueError(
+                f"blend entry {entry!r}: raw text on object storage is not supported yet; "
+                "tokenize it with `tokenmill tokenize` (which writes s3:// outputs)"
+            )
+    files = {entry: expand_inputs([entry]) for entry in entries}
+    first = next(iter(files.values()))[0]
+    spec, loaded, replacement = adapt_tokenizer(tokenizer, first, options)
+    stats.backend = loaded.describe_backend()
+    dtype = numpy.dtype(DType.optimal_dtype(loaded.vocab_size)).name
+    read = ReadOptions(json_key=options.json_key, column=options.column)
+    key_options = {
+        "json_key": read.json_key,
+        "column": read.column,
+        "txt_mode": read.txt_mode,
+        "prepend_bos": options.prepend_bos,
+        "append_eod": options.append_eod,
+        "dtype": dtype,
+    }
+    fingerprint = loaded.fingerprint()
+    pieces_dir = _cache_entries(cache_dir, "pieces")
+    keys: dict[str, str] = {}
+    for paths in files.values():
+        for path in paths:
+            if path not in keys:
+                keys[path] = _piece_key(path, fingerprint, key_options)
+    stats.pieces = len(keys)
+    owner = _share([(key, os.path.getsize(path)) for path, key in keys.items()], world_size)
+    mine = [
+        (path, key)
+        for path, key in keys.items()
+        if owner[key] == rank and not _committed(os.path.join(pieces_dir, key))
+    ]
+    stats.reused = sum(1 for key in keys.values() if owner[key] == rank) - len(mine)
+    workers = 0
+    if loaded.backend == "gigatoken":
+        workers = options.threads if options.threads is not None else _default_threads()
+    pause_after = int(os.environ.get(_PAUSE_VARIABLE, "0") or 0)
+    error: BaseException | None = None
+    progress = Progress(
+        "raw text",
+        total=sum(os.path.getsize(path) for path, _ in mine),
+        unit="B",
+        unit_scale=True,
+        enabled=options.progress and rank == 0 and bool(mine),
+    )
+    try:
+        for path, key in mine:
+            working = _temporary_directory(cache_dir, key)
+            result = tokenize(
+                TokenizeConfig(
+                    inputs=(path,),
+                    output_prefix=os.path.join(working, "piece"),
+                    tokenizer=spec,
+                    read=read,
+                    prepend_bos=options.prepend_bos,
+                    append_eod=options.append_eod,
+                    workers=workers,
+                    progress=False,
+                    memory_budget=options.memory_budget,
+                )
+            )
+            _commit_prefix(os.path.join(working, "piece"), os.path.join(pieces_dir, key))
+            shutil.rmtree(working, ignore_errors=True)
+            stats.tokenized.append(path)
+            stats.text_bytes += result.text_bytes
+            stats.tokens += result.tokens
+            progress.update(os.path.getsize(path))
+            if pause_after and len(stats.tokenized) >= pause_after:
+                with open(os.environ.get(_PAUSED_VARIABLE, os.devnull), "w"):
+                    pass
+                while True:  # the test kills this process here
+                    time.sleep(3600)
+    except BaseException as failure:  # every rank must hear of it, or the others hang
+        error = failure
+    progress.close(final_line=False)
+    _agree(error)
+
+    prefixes: dict[str, str] = {}
+    merged_dir = _cache_entries(cache_dir, "merged")
+    error = None
+    try:
+        for number, (entry, paths) in enumerate(files.items()):
+            if len(paths) == 1:
+                prefixes[entry] = os.path.join(pieces_dir, keys[paths[0]])
+                continue
+            merged_key = hashlib.sha256(json.dumps([keys[p] for p in paths]).encode()).hexdigest()
+            prefixes[entry] = os.path.join(merged_dir, merged_key)
+            if number % world_size != rank or _committed(prefixes[entry]):
+                continue
+            from tokenmill.tokenize.merge import merge_datasets
+
+            working = _temporary_directory(cache_dir, merged_key)
+            merge_datasets(
+                [os.path.join(pieces_dir, keys[p]) for p in paths], os.path.join(working, "merged")
+            )
+            _commit_prefix(os.path.join(working, "merged"), prefixes[entry])
+            shutil.rmtree(working, ignore_errors=True)
+            stats.merged += 1
+    except BaseException as failure:
+        error = failure
+    _agree(error)
+    missing = [prefix for prefix in prefixes.values() if not _committed(prefix)]
+    if missing:
+        raise RuntimeError(
+            f"raw-text cache {cache_dir}: {missing[0]} is not committed after every rank "
+            "finished (is cache_dir shared by all ranks?)"
+        )
+    stats.seconds = time.perf_counter() - started
+    return prefixes, stats, replacement
