@@ -452,7 +452,10 @@ def _blended_fixture() -> dict[str, Any]:
                     Split.train, config,
                 )
             )  # fmt: skip
-    blend = BlendedDataset(members, [0.6, 0.4], 16, config)
+    from tokenmill.index.cache import vouching
+
+    with vouching() as vouched:  # what the builder checked, for trusting_builder
+        blend = BlendedDataset(members, [0.6, 0.4], 16, config)
     cache = blend._cache
     assert cache is not None
     # the writer's files, hard-linked: restoring one keeps its size, mtime and inode, so the
@@ -465,6 +468,7 @@ def _blended_fixture() -> dict[str, Any]:
         os.link(path, pristine / name)
     fixture = {
         "blend": blend,
+        "evidence": dict(vouched),
         "cache": cache,
         "specs": blend._specs(),
         "servers": [member._serving() for member in members],
@@ -509,7 +513,7 @@ def load_blended_entry(data: bytes) -> dict[str, Any]:
         else:
             os.link(original, path)
     blend = fixture["blend"]
-    with trusting_builder() if trusting else contextlib.nullcontext():
+    with trusting_builder(fixture["evidence"]) if trusting else contextlib.nullcontext():
         arrays, _ = cache.load_or_build(
             _never_build,
             fixture["specs"],

@@ -44,13 +44,11 @@ Public API (used by the dataset caches and by ``tokenmill build-cache --check``)
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
-import threading
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from typing import Any
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, NamedTuple
 
 from tokenmill.common.atomic import FileStatus, WrittenFile
 from tokenmill.common.sidecar import check_header
@@ -66,12 +64,13 @@ __all__ = [
     "POLICIES",
     "SAMPLE_BYTES",
     "VERSION",
+    "FileMemo",
+    "Sidecar",
     "array_status",
     "differences",
     "fingerprint_bytes",
     "fingerprint_file",
     "fingerprint_prefixes",
-    "once_per_file",
     "read_fingerprint",
     "sidecar_verdict",
     "stale_reasons",
@@ -161,65 +160,49 @@ def _unchanged(status: os.stat_result, recorded: Mapping[str, Any], written_ns: 
     )
 
 
-# The fingerprints taken inside `once_per_file` blocks (None outside them). A blend's entry
-# names every member's files, so without it a blend of S sources fingerprints 2S files again for
-# each of its entries after each member's own entry did.
-_MEMO: dict[str, dict[str, Any]] | None = None
-# ... and the `stat` of each data file, taken once per block: a blend's entry checks the 2S
-# files its members' entries have just checked
-_STAT_MEMO: dict[str, os.stat_result] | None = None
-_MEMO_DEPTH = 0
-_MEMO_LOCK = threading.Lock()
+class FileMemo:
+    """The fingerprint and ``stat`` of each data file, taken at most once during one build (held
+    by its build context, `cache_writes.BuildContext`): a blend's entry names every member's
+    files, so without it a blend of S sources fingerprints 2S files again for each of its
+    entries after each member's own entry did. The data is assumed not to change during the
+    build (a change is seen by the next build)."""
+
+    def __init__(self) -> None:
+        self.fingerprints: dict[str, dict[str, Any]] = {}
+        self.stats: dict[str, os.stat_result] = {}
+        # sidecar_verdict's result by sidecar path, kept by a check made before an entry's
+        # load (the .idx scan's settling) for that load's own check (taken once)
+        self.verdicts: dict[str, tuple[tuple[str, ...], Any]] = {}
 
 
-@contextlib.contextmanager
-def once_per_file() -> Iterator[None]:
-    """Within the block (one dataset build), fingerprint and ``stat`` each data file at most
-    once; the data is assumed not to change during the build (a change is seen by the next
-    build)."""
-    global _MEMO, _STAT_MEMO, _MEMO_DEPTH
-    with _MEMO_LOCK:
-        _MEMO_DEPTH += 1
-        if _MEMO is None:
-            _MEMO, _STAT_MEMO = {}, {}
-    try:
-        yield
-    finally:
-        with _MEMO_LOCK:
-            _MEMO_DEPTH -= 1
-            if _MEMO_DEPTH == 0:
-                _MEMO = _STAT_MEMO = None
-
-
-def _stat_once(path: str) -> os.stat_result:
-    """``os.stat(path)``, taken at most once inside a `once_per_file` block."""
-    memo = _STAT_MEMO
+def _stat_once(path: str, memo: FileMemo | None) -> os.stat_result:
+    """``os.stat(path)``, taken at most once per `memo`."""
     if memo is None:
         return os.stat(path)
-    found = memo.get(path)
+    found = memo.stats.get(path)
     if found is None:
-        found = memo[path] = os.stat(path)
+        found = memo.stats[path] = os.stat(path)
     return found
 
 
-def _fingerprint_once(path: str) -> dict[str, Any]:
-    memo = _MEMO
+def _fingerprint_once(path: str, memo: FileMemo | None) -> dict[str, Any]:
     if memo is None:
         return fingerprint_file(path)
-    found = memo.get(path)
+    found = memo.fingerprints.get(path)
     if found is None:
-        found = memo[path] = fingerprint_file(path)
+        found = memo.fingerprints[path] = fingerprint_file(path)
     return dict(found)
 
 
-def fingerprint_prefixes(prefixes: Iterable[str]) -> dict[str, Any]:
-    """The fingerprint payload of the ``.bin`` and ``.idx`` of each dataset prefix.
+def fingerprint_prefixes(prefixes: Iterable[str], memo: FileMemo | None = None) -> dict[str, Any]:
+    """The fingerprint payload of the ``.bin`` and ``.idx`` of each dataset prefix (each file
+    fingerprinted at most once per `memo`).
 
     Raises:
         FileNotFoundError: a data file does not exist.
     """
     datasets = {
-        prefix: {suffix: _fingerprint_once(prefix + suffix) for suffix in DATA_SUFFIXES}
+        prefix: {suffix: _fingerprint_once(prefix + suffix, memo) for suffix in DATA_SUFFIXES}
         for prefix in prefixes
     }
     return {"format": FORMAT, "version": VERSION, "datasets": datasets}
@@ -263,12 +246,20 @@ def read_fingerprint(path: str | os.PathLike[str]) -> dict[str, Any] | None:
     return None if found is None else found[0]
 
 
+class Sidecar(NamedTuple):
+    """A valid sidecar: its payload, its mtime (ns) and its raw bytes."""
+
+    payload: dict[str, Any]
+    written_ns: int
+    raw: bytes
+
+
 # A sidecar names two files per dataset: a blend of 10,000 sources writes about 3 MB.
 _MAX_SIDECAR_BYTES = 1 << 24
 
 
-def _read_fingerprint_dated(path: str | os.PathLike[str]) -> tuple[dict[str, Any], int] | None:
-    """(payload, the sidecar's mtime in ns), or None if there is no sidecar."""
+def _read_fingerprint_dated(path: str | os.PathLike[str]) -> Sidecar | None:
+    """The sidecar at `path`, or None if there is none."""
     path = os.fspath(path)
     # one call (open, fstat, read, close without the GIL): a warm start reads one per entry
     try:
@@ -285,11 +276,11 @@ def _read_fingerprint_dated(path: str | os.PathLike[str]) -> tuple[dict[str, Any
     except (UnicodeDecodeError, ValueError, RecursionError) as error:
         raise DataFormatError(f"{path}: not a JSON fingerprint ({error})") from None
     _validate(payload, path)
-    return dict(payload), int(status.st_mtime_ns)
+    return Sidecar(dict(payload), int(status.st_mtime_ns), raw)
 
 
 def _current_against(
-    recorded: Mapping[str, Any], written_ns: int, prefixes: Iterable[str]
+    recorded: Mapping[str, Any], written_ns: int, prefixes: Iterable[str], memo: FileMemo | None
 ) -> tuple[dict[str, Any], bool]:
     """The current fingerprint payload of `prefixes`, taking each file's recorded fingerprint
     when its stat proves it unchanged (:func:`_unchanged`: one ``stat``, no read) and hashing
@@ -302,10 +293,10 @@ def _current_against(
         for suffix in DATA_SUFFIXES:
             path = prefix + suffix
             entry = old.get(prefix, {}).get(suffix) if isinstance(old.get(prefix), dict) else None
-            if isinstance(entry, dict) and _unchanged(_stat_once(path), entry, written_ns):
+            if isinstance(entry, dict) and _unchanged(_stat_once(path, memo), entry, written_ns):
                 files[suffix] = dict(entry)
             else:
-                files[suffix] = _fingerprint_once(path)
+                files[suffix] = _fingerprint_once(path, memo)
                 all_unchanged = False
         datasets[prefix] = files
     return {"format": FORMAT, "version": VERSION, "datasets": datasets}, all_unchanged
@@ -472,10 +463,10 @@ def write_fingerprint(path: str | os.PathLike[str], payload: Mapping[str, Any]) 
 
 
 def sidecar_verdict(
-    prefixes: Iterable[str], sidecar: str | os.PathLike[str]
-) -> tuple[list[str], dict[str, Any], dict[str, Any], bool] | None:
-    """The data check of an entry against its sidecar: (reasons, current payload, recorded
-    payload, proven), or None when there is no valid sidecar (nothing is fingerprinted then).
+    prefixes: Iterable[str], sidecar: str | os.PathLike[str], memo: FileMemo | None = None
+) -> tuple[list[str], dict[str, Any], Sidecar, bool] | None:
+    """The data check of an entry against its sidecar: (reasons, current payload, the sidecar,
+    proven), or None when there is no valid sidecar (nothing is fingerprinted then).
     `proven`: the sidecar proves by `stat` alone that every data file is the one its builder
     fingerprinted (:func:`_unchanged`: no sampled hash was needed).
 
@@ -488,16 +479,15 @@ def sidecar_verdict(
         return None
     if dated is None:
         return None
-    recorded, written_ns = dated
-    reasons, current, proven = _against(recorded, written_ns, prefixes)
-    return reasons, current, recorded, proven
+    reasons, current, proven = _against(dated.payload, dated.written_ns, prefixes, memo)
+    return reasons, current, dated, proven
 
 
 def _against(
-    recorded: Mapping[str, Any], written_ns: int, prefixes: Iterable[str]
+    recorded: Mapping[str, Any], written_ns: int, prefixes: Iterable[str], memo: FileMemo | None
 ) -> tuple[list[str], dict[str, Any], bool]:
     """(reasons, current payload, proven by stat alone) of `prefixes` against a sidecar."""
-    current, all_unchanged = _current_against(recorded, written_ns, prefixes)
+    current, all_unchanged = _current_against(recorded, written_ns, prefixes, memo)
     if all_unchanged and len(current["datasets"]) == len(recorded["datasets"]):
         # every recorded file is a current one, proven unchanged, and none is missing (the
         # prefixes are distinct keys of both): nothing to compare
@@ -510,6 +500,8 @@ def stale_reasons(
     sidecar: str | os.PathLike[str],
     description: str | os.PathLike[str],
     recorded_out: dict[str, Any] | None = None,
+    memo: FileMemo | None = None,
+    raw_out: list[bytes] | None = None,
 ) -> tuple[list[str], dict[str, Any]]:
     """Why a cache entry no longer matches its data (empty when it is fresh).
 
@@ -518,6 +510,8 @@ def stale_reasons(
         sidecar: the entry's fingerprint sidecar (may be missing).
         description: the entry's description file, whose mtime dates an entry without sidecar.
         recorded_out: if given, receives the sidecar's payload (when there is a valid one).
+        memo: fingerprints and stats already taken in this build.
+        raw_out: if given, receives the sidecar's raw bytes (when there is a valid one).
 
     Returns:
         (reasons, current fingerprint payload).
@@ -529,14 +523,15 @@ def stale_reasons(
     try:
         dated = _read_fingerprint_dated(sidecar)
     except DataFormatError as error:
-        return [str(error)], fingerprint_prefixes(prefixes)
+        return [str(error)], fingerprint_prefixes(prefixes, memo)
     if dated is not None:
-        recorded, written_ns = dated
         if recorded_out is not None:
-            recorded_out.update(recorded)
-        reasons, current, _ = _against(recorded, written_ns, prefixes)
+            recorded_out.update(dated.payload)
+        if raw_out is not None:
+            raw_out.append(dated.raw)
+        reasons, current, _ = _against(dated.payload, dated.written_ns, prefixes, memo)
         return reasons, current
-    current = fingerprint_prefixes(prefixes)
+    current = fingerprint_prefixes(prefixes, memo)
     # No sidecar: megatron-core (or an older tokenmill) wrote the entry. Accept it only if the
     # data predates it; a data file written after the entry cannot be what it was built from.
     try:
