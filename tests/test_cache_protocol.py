@@ -404,7 +404,12 @@ def test_a_reused_inode_number_is_caught_by_its_generation(
 
 
 def test_vouching_compares_generations_only_where_both_sides_have_one() -> None:
-    from tokenmill.index.fingerprint import vouches_for
+    from tokenmill.index.fingerprint import vouches_for as vouches
+
+    def vouches_for(recorded: dict[str, Any], current: dict[str, dict[str, int]]) -> bool:
+        # each file last changed (ctime 1) before the sidecar was written (ctime 2)
+        now = {name: {**status, "ctime_ns": 1} for name, status in current.items()}
+        return vouches(recorded, now, 2)
 
     fields = {"size": 10, "mtime_ns": 5, "inode": 7}
     with_generation = {**fields, "generation": 3}
@@ -416,6 +421,10 @@ def test_vouching_compares_generations_only_where_both_sides_have_one() -> None:
     assert not vouches_for({"arrays": {"a": {**fields, "generation": 4}}}, {"a": with_generation})
     assert not vouches_for({"arrays": {"a": {**fields, "inode": 8}}}, {"a": with_generation})
     assert not vouches_for({"arrays": {"a": {**fields, "extra": 1}}}, {"a": with_generation})
+    # a file changed after the sidecar was written (its ctime is later) is not vouched for
+    changed = {"a": {**with_generation, "ctime_ns": 3}}
+    assert not vouches({"arrays": {"a": with_generation}}, changed, 2)
+    assert not vouches({"arrays": {"a": with_generation}}, {"a": with_generation}, 2)
 
 
 def test_a_blend_fingerprints_each_data_file_once(

@@ -389,3 +389,77 @@ def test_a_sidecar_larger_than_any_fingerprint_is_refused(tmp_path: Path) -> Non
         stream.truncate((1 << 24) + 1)  # sparse: nothing is written
     with pytest.raises(DataFormatError, match=r"data\.tokenmill\.json: 16777217 bytes, larger"):
         fingerprint.read_fingerprint(sidecar)
+
+
+def _swap_middle_documents(prefix: str, into: str) -> None:
+    """Write to `into` the shard at `prefix` with two documents of different lengths in the
+    middle swapped: the same sizes of both files, changes only past the first and before the
+    last 4 KiB of the `.idx` (its sizes and pointers there)."""
+    old = IndexedDataset(prefix)
+    documents = [np.asarray(old[i]).tolist() for i in range(len(old))]
+    del old
+    at = next(
+        i
+        for i in range(len(documents) // 2, len(documents))
+        if len(documents[i]) != len(documents[i + 1])
+    )
+    documents[at], documents[at + 1] = documents[at + 1], documents[at]
+    write_megatron_shard(into, documents)
+
+
+@pytest.mark.parametrize("how", ["in_place", "cp_p_and_rename"])
+def test_an_idx_changed_in_the_middle_with_size_and_mtime_restored_is_stale(
+    tmp_path: Path, how: str
+) -> None:
+    """The whole `.idx` is hashed (the index arrays are computed from it alone), and its ctime
+    makes the stat shortcut look again: a same-size change in the middle of the `.idx` with the
+    mtime put back is caught, whether rewritten in place or copied with ``cp -p`` and renamed
+    over (main hashed the first and last 4 KiB and served the old arrays)."""
+    import shutil
+
+    rng = np.random.default_rng(21)
+    shard = write_megatron_shard(tmp_path / "big", random_documents(rng, 3000, 20))
+    assert os.path.getsize(shard + ".idx") > 6 * fingerprint.SAMPLE_BYTES
+    config = make_config(tmp_path / "cache", cache_data_check="error")
+    build(shard, config)
+    before = {suffix: os.stat(shard + suffix) for suffix in (".bin", ".idx")}
+    time.sleep(0.01)  # past the filesystem's timestamp tick
+    if how == "in_place":
+        _swap_middle_documents(shard, shard)
+    else:
+        _swap_middle_documents(shard, str(tmp_path / "other"))
+        for suffix in (".bin", ".idx"):
+            shutil.copy2(tmp_path / f"other{suffix}", tmp_path / f"copy{suffix}")  # cp -p
+    for suffix, status in before.items():
+        path = shard + suffix if how == "in_place" else str(tmp_path / f"copy{suffix}")
+        os.utime(path, ns=(status.st_atime_ns, status.st_mtime_ns))
+        if how != "in_place":
+            os.replace(path, shard + suffix)
+        now = os.stat(shard + suffix)
+        assert (now.st_size, now.st_mtime_ns) == (status.st_size, status.st_mtime_ns)
+    with pytest.raises(StaleCacheError, match=rf"{shard}\.idx: sha256 was"):
+        build(shard, config)
+
+
+def test_an_array_rewritten_in_place_with_its_mtime_restored_is_checked_again(
+    shard: str, tmp_path: Path
+) -> None:
+    """The sidecar vouches for its arrays only while their ctime is not later than its own: an
+    array file rewritten in place with size and mtime put back has its values checked (a
+    shuffle that is no permutation is refused and rebuilt)."""
+    config = make_config(tmp_path / "cache")
+    built = build(shard, config)
+    (path,) = (tmp_path / "cache").glob("*-shuffle_index.npy")
+    status = os.stat(path)
+    broken = np.load(path)
+    broken[1] = broken[0]  # a repeated sample: not a permutation
+    time.sleep(0.01)
+    with open(path, "r+b") as file:  # in place: same inode
+        file.seek(status.st_size - broken.nbytes)
+        file.write(broken.tobytes())
+    os.utime(path, ns=(status.st_atime_ns, status.st_mtime_ns))
+    assert os.stat(path).st_ino == status.st_ino
+    rebuilt = build(shard, config)  # the builder sees the bad values and rebuilds
+    np.testing.assert_array_equal(
+        np.asarray(rebuilt.shuffle_index), np.asarray(built.shuffle_index)
+    )

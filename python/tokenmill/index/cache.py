@@ -338,7 +338,7 @@ class IndexCache:
         self,
         data_prefixes: Sequence[str],
         recorded_out: dict[str, Any] | None = None,
-        raw_out: list[bytes] | None = None,
+        sidecar_out: list[data_fingerprint.Sidecar] | None = None,
     ) -> tuple[list[str], dict[str, Any]]:
         """Why this entry does not match the current data (see fingerprint.stale_reasons)."""
         return data_fingerprint.stale_reasons(
@@ -347,7 +347,7 @@ class IndexCache:
             self._file("description.txt"),
             recorded_out,
             _memo(),
-            raw_out,
+            sidecar_out,
         )
 
     def data_proven_unchanged(self, data_prefixes: Sequence[str]) -> bool:
@@ -375,7 +375,7 @@ class IndexCache:
         self,
         data_prefixes: Sequence[str],
         recorded_out: dict[str, Any] | None,
-        raw_out: list[bytes] | None,
+        sidecar_out: list[data_fingerprint.Sidecar] | None,
     ) -> tuple[list[str], dict[str, Any]]:
         """stale_reasons, or the result data_proven_unchanged kept for these prefixes (taken
         once: a later check looks again)."""
@@ -386,10 +386,10 @@ class IndexCache:
             reasons, current, dated, _ = kept[1]
             if recorded_out is not None:
                 recorded_out.update(dated.payload)
-            if raw_out is not None:
-                raw_out.append(dated.raw)
+            if sidecar_out is not None:
+                sidecar_out.append(dated)
             return list(reasons), current
-        return self.stale_reasons(data_prefixes, recorded_out, raw_out)
+        return self.stale_reasons(data_prefixes, recorded_out, sidecar_out)
 
     def _digest_here(self) -> bytes:
         """entry_digest of this copy: the description as configured (load compares the file
@@ -469,7 +469,10 @@ class IndexCache:
                     array = load_npy(path)
                 else:
                     array, status = load_npy_and_status(path)
-                    statuses[name] = data_fingerprint.array_status(status)
+                    statuses[name] = {
+                        **data_fingerprint.array_status(status),
+                        "ctime_ns": int(status.st_ctime_ns),
+                    }
             except FileNotFoundError:
                 problems.append(f"{path}: missing")
                 continue
@@ -647,7 +650,7 @@ class IndexCache:
         # An existing entry is checked against the data even when its arrays no longer fit the
         # config (new data usually changes their shapes): "error" must never rebuild silently.
         recorded: dict[str, Any] = {}
-        sidecar: list[bytes] = []
+        sidecar: list[data_fingerprint.Sidecar] = []
         if described is None and checking:
             described = os.path.isfile(self._file("description.txt"))
         if checking and described:
@@ -659,14 +662,16 @@ class IndexCache:
             later
             and arrays is not None
             and specs
-            and not data_fingerprint.vouches_for(recorded, statuses or {})
+            and not data_fingerprint.vouches_for(
+                recorded, statuses or {}, sidecar[0].changed_ns if sidecar else None
+            )
         ):
             problems = self._value_problems(arrays, specs, full=False)
             if problems:
                 arrays = None
         if arrays is not None:
             if context.vouched is not None and may_build and not check_only:
-                raw = sidecar[0] if sidecar else None
+                raw = sidecar[0].raw if sidecar else None
                 digest = entry_digest(self.description, raw) if raw else self._digest_here()
                 context.record_vouched(self.base, digest)
             record(False, False, ())
@@ -710,17 +715,17 @@ class IndexCache:
         may_build: bool,
         check_only: bool,
         recorded_out: dict[str, Any] | None = None,
-        raw_out: list[bytes] | None = None,
+        sidecar_out: list[data_fingerprint.Sidecar] | None = None,
     ) -> tuple[dict[str, npt.NDArray[Any]] | None, list[str]]:
         """An existing entry against the current data: (arrays, problems) to go on with (arrays
         None when the entry must be rebuilt), after adopting an unfingerprinted valid entry.
         `recorded_out` receives the entry's sidecar payload, if it has a valid one, and
-        `raw_out` its bytes.
+        `sidecar_out` the sidecar itself.
 
         Raises:
             StaleCacheError: the data changed and the entry may not be rebuilt here.
         """
-        stale, current = self._stale_reasons_once(data_prefixes, recorded_out, raw_out)
+        stale, current = self._stale_reasons_once(data_prefixes, recorded_out, sidecar_out)
         if stale and check_only:
             built_from = (f"{self.description_path}: built from other data: {r}" for r in stale)
             return None, [*problems, *built_from]

@@ -98,6 +98,8 @@ POLICIES = ("rebuild", "error", "off")
 _FILE_FIELDS = ("size", "mtime_ns", "sample_sha256")
 # Recorded beside them (optional): what lets a later check trust a file's stat (`_unchanged`).
 _IDENTITY_FIELDS = ("ctime_ns", "inode")
+# The whole-file hash of an `.idx` (optional: older sidecars lack it; compared when both have it)
+_WHOLE_FIELD = "sha256"
 
 
 def _read_at(descriptor: int, size: int, offset: int) -> bytes:
@@ -111,8 +113,13 @@ def _read_at(descriptor: int, size: int, offset: int) -> bytes:
     return data
 
 
+_WHOLE_CHUNK = 1 << 20
+
+
 def fingerprint_file(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """Size, modification time (ns) and sha256 of the first and last :data:`SAMPLE_BYTES`.
+    """Size, modification time (ns) and sha256 of the first and last :data:`SAMPLE_BYTES`;
+    for an ``.idx`` (what the index arrays are computed from) also the sha256 of the whole file
+    (``sha256``).
 
     Raises:
         FileNotFoundError: the file does not exist.
@@ -126,15 +133,29 @@ def fingerprint_file(path: str | os.PathLike[str]) -> dict[str, Any]:
         if status.st_size > SAMPLE_BYTES:
             start = max(SAMPLE_BYTES, status.st_size - SAMPLE_BYTES)
             digest.update(_read_at(descriptor, status.st_size - start, start))
+        whole = _whole_sha256(descriptor) if os.fspath(path).endswith(".idx") else None
     finally:
         os.close(descriptor)
-    return {
+    found = {
         "size": int(status.st_size),
         "mtime_ns": int(status.st_mtime_ns),
         "sample_sha256": digest.hexdigest(),
         "ctime_ns": int(status.st_ctime_ns),
         "inode": int(status.st_ino),
     }
+    if whole is not None:
+        found["sha256"] = whole
+    return found
+
+
+def _whole_sha256(descriptor: int) -> str:
+    """The sha256 of everything the descriptor's file holds (hashlib releases the GIL)."""
+    digest = hashlib.sha256()
+    offset = 0
+    while chunk := os.pread(descriptor, _WHOLE_CHUNK, offset):
+        digest.update(chunk)
+        offset += len(chunk)
+    return digest.hexdigest()
 
 
 # How long before its sidecar was written a file's last change must be for the file's stat
@@ -227,7 +248,10 @@ def differences(recorded: Mapping[str, Any], current: Mapping[str, Any]) -> list
             if before is None or after is None:
                 found.append(f"{prefix}{suffix}: recorded {before!r}, now {after!r}")
                 continue
-            for field in _FILE_FIELDS:
+            fields: tuple[str, ...] = _FILE_FIELDS
+            if _WHOLE_FIELD in before and _WHOLE_FIELD in after:
+                fields = (*_FILE_FIELDS, _WHOLE_FIELD)
+            for field in fields:
                 if before.get(field) != after.get(field):
                     found.append(
                         f"{prefix}{suffix}: {field} was {before.get(field)!r}, "
@@ -252,6 +276,7 @@ class Sidecar(NamedTuple):
     payload: dict[str, Any]
     written_ns: int
     raw: bytes
+    changed_ns: int  # its st_ctime_ns: no array it vouches for changed after it
 
 
 # A sidecar names two files per dataset: a blend of 10,000 sources writes about 3 MB.
@@ -276,7 +301,7 @@ def _read_fingerprint_dated(path: str | os.PathLike[str]) -> Sidecar | None:
     except (UnicodeDecodeError, ValueError, RecursionError) as error:
         raise DataFormatError(f"{path}: not a JSON fingerprint ({error})") from None
     _validate(payload, path)
-    return Sidecar(dict(payload), int(status.st_mtime_ns), raw)
+    return Sidecar(dict(payload), int(status.st_mtime_ns), raw, int(status.st_ctime_ns))
 
 
 def _current_against(
@@ -324,8 +349,19 @@ def array_status(status: FileStatus) -> dict[str, int]:
     return record
 
 
-def vouches_for(recorded: Mapping[str, Any] | None, current: Mapping[str, dict[str, int]]) -> bool:
-    """Whether a sidecar's ``arrays`` record names exactly the files now in place.
+def vouches_for(
+    recorded: Mapping[str, Any] | None,
+    current: Mapping[str, dict[str, int]],
+    sealed_ns: int | None = None,
+) -> bool:
+    """Whether a sidecar's ``arrays`` record names exactly the files now in place, unchanged
+    since the sidecar was written.
+
+    `current`: each array file's :func:`array_status` plus its ``ctime_ns``; `sealed_ns`: the
+    sidecar's own ctime. The builder writes the sidecar after the arrays (renamed, or written in
+    place, before it), so an array file whose ctime is later than the sidecar's was changed
+    since: a rewrite in place that put its mtime back (``touch -d``, ``cp -p``) cannot set the
+    ctime back. Without `sealed_ns` the record does not vouch.
 
     The builder that wrote the sidecar checked every value of the arrays it built (or built them
     with tokenmill's own kernels) and recorded, for each array file it wrote, its size, mtime,
@@ -339,9 +375,13 @@ def vouches_for(recorded: Mapping[str, Any] | None, current: Mapping[str, dict[s
     other fields.
     """
     arrays = recorded.get("arrays") if recorded is not None else None
-    if not isinstance(arrays, dict) or not current:
+    if not isinstance(arrays, dict) or not current or sealed_ns is None:
         return False
-    for name, status in current.items():
+    for name, found in current.items():
+        status = dict(found)
+        changed = status.pop("ctime_ns", None)
+        if changed is None or changed > sealed_ns:
+            return False
         record = arrays.get(name)
         if isinstance(record, dict) and ARRAY_GENERATION not in record:
             # recorded before generations were: compare the other fields
@@ -360,7 +400,8 @@ _ABSENT = object()
 _ARRAY_FIELD_SET = frozenset(ARRAY_FIELDS)
 _ARRAY_FIELD_SET_WITH_GENERATION = frozenset((*ARRAY_FIELDS, ARRAY_GENERATION))
 _DATA_SUFFIX_SET = frozenset(DATA_SUFFIXES)
-_ALL_FILE_FIELDS = (*_FILE_FIELDS, *_IDENTITY_FIELDS)
+_ALL_FILE_FIELDS = (*_FILE_FIELDS, *_IDENTITY_FIELDS, _WHOLE_FIELD)
+_OPTIONAL_FILE_FIELDS = (*_IDENTITY_FIELDS, _WHOLE_FIELD)
 
 
 def _check_fields(
@@ -377,7 +418,7 @@ def _check_fields(
         value = entry.get(field, _ABSENT)
         if value is _ABSENT and field in optional:
             continue
-        if field == "sample_sha256":
+        if field in ("sample_sha256", _WHOLE_FIELD):
             if type(value) is str:
                 continue
         elif type(value) is int and value >= 0:
@@ -421,13 +462,13 @@ def _validate(payload: Any, path: str) -> None:
         for suffix, entry in files.items():
             if not isinstance(entry, dict):
                 raise DataFormatError(f"{path}: {prefix}{suffix} must be an object")
-            # the identity fields are optional (older sidecars, adopted entries)
+            # the identity fields and the whole hash are optional (older sidecars)
             _check_fields(
                 entry,
                 _ALL_FILE_FIELDS,
                 ("{}{}", prefix, suffix),
                 path,
-                optional=_IDENTITY_FIELDS,
+                optional=_OPTIONAL_FILE_FIELDS,
             )
 
 
@@ -501,7 +542,7 @@ def stale_reasons(
     description: str | os.PathLike[str],
     recorded_out: dict[str, Any] | None = None,
     memo: FileMemo | None = None,
-    raw_out: list[bytes] | None = None,
+    sidecar_out: list[Sidecar] | None = None,
 ) -> tuple[list[str], dict[str, Any]]:
     """Why a cache entry no longer matches its data (empty when it is fresh).
 
@@ -511,7 +552,7 @@ def stale_reasons(
         description: the entry's description file, whose mtime dates an entry without sidecar.
         recorded_out: if given, receives the sidecar's payload (when there is a valid one).
         memo: fingerprints and stats already taken in this build.
-        raw_out: if given, receives the sidecar's raw bytes (when there is a valid one).
+        sidecar_out: if given, receives the sidecar (when there is a valid one).
 
     Returns:
         (reasons, current fingerprint payload).
@@ -527,8 +568,8 @@ def stale_reasons(
     if dated is not None:
         if recorded_out is not None:
             recorded_out.update(dated.payload)
-        if raw_out is not None:
-            raw_out.append(dated.raw)
+        if sidecar_out is not None:
+            sidecar_out.append(dated)
         reasons, current, _ = _against(dated.payload, dated.written_ns, prefixes, memo)
         return reasons, current
     current = fingerprint_prefixes(prefixes, memo)
