@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -148,7 +149,9 @@ def test_off_is_megatrons_path_only_behaviour(shard: str, tmp_path: Path) -> Non
 def test_entry_without_fingerprint_is_adopted_when_data_is_older(
     shard: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """An entry megatron-core wrote (no sidecar) over unchanged data is a hit and gets a sidecar."""
+    """An entry megatron-core wrote (no sidecar) over unchanged data is a hit. A read adds
+    nothing to its folder; only where the user asked for strict data checks
+    (cache_data_check="error") does the entry get a sidecar (then fingerprints are compared)."""
     old = build(shard, make_config(tmp_path / "cache", cache_data_check="off"))
     (description,) = (tmp_path / "cache").glob("*-description.txt")
     later = os.stat(shard + ".idx").st_mtime_ns + 10**9
@@ -158,10 +161,64 @@ def test_entry_without_fingerprint_is_adopted_when_data_is_older(
         raise AssertionError("rebuilt an entry whose data is unchanged")
 
     monkeypatch.setattr("tokenmill.datasets.gpt.build_gpt_indices", no_build)
-    adopted = build(shard, make_config(tmp_path / "cache"))
+    files = sorted(os.listdir(tmp_path / "cache"))
+    assert_same_arrays(old, build(shard, make_config(tmp_path / "cache")))
+    assert sorted(os.listdir(tmp_path / "cache")) == files  # nothing added by a read
+    adopted = build(shard, make_config(tmp_path / "cache", cache_data_check="error"))
     assert_same_arrays(old, adopted)
     (sidecar,) = (tmp_path / "cache").glob("*-GPTDataset-train-data.tokenmill.json")
     assert fingerprint.read_fingerprint(sidecar) == fingerprint.fingerprint_prefixes([shard])
+
+
+_READ_CACHE = """
+import hashlib, sys
+import numpy as np
+sys.path.insert(0, {tests!r})
+from test_stale_data import build, make_config
+dataset = build({shard!r}, make_config({cache!r}))
+digest = hashlib.sha256()
+for index in range(len(dataset)):
+    digest.update(np.asarray(dataset[index]["tokens"]).tobytes())
+print(digest.hexdigest())
+"""
+
+
+def test_a_read_only_megatron_cache_folder_is_read_and_left_as_it_was(
+    shard: str, tmp_path: Path
+) -> None:
+    """A cache megatron built (no tokenmill sidecar), in a folder nobody may write (a read-only
+    bind mount for root, permissions otherwise): a default read serves its samples and leaves
+    the folder as it was."""
+    import shutil
+    import subprocess
+    import sys
+
+    cache = tmp_path / "cache"
+    built = build(shard, make_config(cache, cache_data_check="off"))
+    expected = hashlib.sha256()
+    for index in range(len(built)):
+        expected.update(np.asarray(built[index]["tokens"]).tobytes())
+    (description,) = cache.glob("*-description.txt")
+    later = os.stat(shard + ".idx").st_mtime_ns + 10**9
+    os.utime(description, ns=(later, later))
+    files = sorted(os.listdir(cache))
+    code = _READ_CACHE.format(tests=os.path.dirname(__file__), shard=shard, cache=str(cache))
+    if os.geteuid() == 0:  # root writes through permissions: mount the folder read-only
+        assert shutil.which("unshare"), "unshare (util-linux) is needed to mount read-only"
+        command = [
+            "unshare", "-m", "sh", "-c",
+            'mount --bind -o ro "$0" "$0" && exec "$1" -c "$2"', str(cache), sys.executable, code,
+        ]  # fmt: skip
+    else:
+        cache.chmod(0o555)
+        command = [sys.executable, "-c", code]
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    finally:
+        cache.chmod(0o755)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split()[-1] == expected.hexdigest()
+    assert sorted(os.listdir(cache)) == files
 
 
 def test_entry_without_fingerprint_and_newer_data_is_stale(shard: str, tmp_path: Path) -> None:

@@ -725,7 +725,7 @@ class IndexCache:
         Raises:
             StaleCacheError: the data changed and the entry may not be rebuilt here.
         """
-        stale, current = self._stale_reasons_once(data_prefixes, recorded_out, sidecar_out)
+        stale, _ = self._stale_reasons_once(data_prefixes, recorded_out, sidecar_out)
         if stale and check_only:
             built_from = (f"{self.description_path}: built from other data: {r}" for r in stale)
             return None, [*problems, *built_from]
@@ -745,13 +745,19 @@ class IndexCache:
             arrays is not None
             and may_build
             and not check_only
+            and data_check == "error"  # the user asked for strict data checks of this cache
             and not recorded_out  # a valid sidecar was read: there is one
             and not self.fingerprint_path.is_file()
         ):
-            # adopt an entry megatron-core (or an older tokenmill) wrote over this data;
-            # best effort: a concurrent builder may clean our temporary file away
+            # adopt an entry megatron-core (or an older tokenmill) wrote over this data: later
+            # checks compare fingerprints, not only mtimes. Only where asked: a read of a
+            # megatron cache otherwise adds nothing to its folder (which may be read-only).
+            # Best effort: a concurrent builder may clean our temporary file away.
             with contextlib.suppress(OSError):
-                data_fingerprint.write_fingerprint(self.fingerprint_path, current)
+                data_fingerprint.write_fingerprint(
+                    self.fingerprint_path,
+                    data_fingerprint.fingerprint_prefixes(data_prefixes, _memo()),
+                )
         return arrays, problems
 
     def _build_and_save(

@@ -555,7 +555,7 @@ def stale_reasons(
         sidecar_out: if given, receives the sidecar (when there is a valid one).
 
     Returns:
-        (reasons, current fingerprint payload).
+        (reasons, current fingerprint payload: without a sidecar, one naming no dataset).
 
     Raises:
         FileNotFoundError: a data file is missing.
@@ -570,21 +570,24 @@ def stale_reasons(
             recorded_out.update(dated.payload)
         if sidecar_out is not None:
             sidecar_out.append(dated)
-        reasons, current, _ = _against(dated.payload, dated.written_ns, prefixes, memo)
-        return reasons, current
-    current = fingerprint_prefixes(prefixes, memo)
+        reasons, compared, _ = _against(dated.payload, dated.written_ns, prefixes, memo)
+        return reasons, compared
     # No sidecar: megatron-core (or an older tokenmill) wrote the entry. Accept it only if the
     # data predates it; a data file written after the entry cannot be what it was built from.
+    # One stat per data file, nothing read: the current payload stays empty (the caller
+    # fingerprints the data itself if it adopts the entry).
+    current: dict[str, Any] = {"format": FORMAT, "version": VERSION, "datasets": {}}
     try:
         built_ns = os.stat(description).st_mtime_ns
     except FileNotFoundError:
         return [f"{os.fspath(description)}: missing"], current
     reasons = []
-    for prefix, files in current["datasets"].items():
-        for suffix, entry in files.items():
-            if entry["mtime_ns"] > built_ns:
+    for prefix in prefixes:
+        for suffix in DATA_SUFFIXES:
+            modified = _stat_once(prefix + suffix, memo).st_mtime_ns
+            if modified > built_ns:
                 reasons.append(
-                    f"{prefix}{suffix} (modified at {entry['mtime_ns']} ns) is newer than the "
+                    f"{prefix}{suffix} (modified at {modified} ns) is newer than the "
                     f"cache entry {os.fspath(description)} (written at {built_ns} ns) and the "
                     "entry has no data fingerprint"
                 )
