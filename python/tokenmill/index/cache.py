@@ -23,12 +23,18 @@ Beyond megatron-core:
   ranks raise CacheError) instead of being used. Running out of descriptors or maps raises
   ResourceLimitError (naming the limit) instead: a valid entry is never rebuilt for that;
 * a hit also requires the data to be the data the entry was built from: a fingerprint of every
-  `.bin`/`.idx` (size, mtime, sampled contents) is written beside the entry as
-  ``<base>-data.tokenmill.json`` before the description, and compared when the builder loads
-  (`tokenmill.index.fingerprint`; the ``cache_data_check`` policy says whether a stale entry is
-  rebuilt or raises StaleCacheError, or whether, as in megatron-core, nothing is checked).
-  Ranks that do not build trust the builder's verdict (:func:`trusting_builder`) and open an
-  entry with a constant number of filesystem calls, whatever the number and size of its data.
+  `.bin`/`.idx` (size, mtime, ctime, inode, the first and last 4 KiB, and the whole `.idx`) is
+  written beside the entry as ``<base>-data.tokenmill.json`` before the description, and
+  compared when the builder loads (`tokenmill.index.fingerprint`; the ``cache_data_check``
+  policy says whether a stale entry is rebuilt or raises StaleCacheError, or whether, as in
+  megatron-core, nothing is checked). Ranks that do not build trust the builders' check of an
+  entry (:func:`trusting_builder`) only when the copy they read has the digest the builders
+  handed over with their collective (:func:`vouching`); such an open costs a constant number of
+  filesystem calls per entry, whatever the number and size of its data. Any other copy is
+  checked.
+
+The state of one build (deferred commits, trust evidence, vouched digests, the fingerprint memo,
+a session) is one `cache_writes.BuildContext` carried by a context variable, never module state.
 
 The protocol (write order, what a reader trusts) is in docs/cache-protocol.md.
 
