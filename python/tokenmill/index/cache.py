@@ -89,6 +89,7 @@ __all__ = [
     "ArraySpec",
     "CacheEvent",
     "CacheSession",
+    "EntrySpec",
     "IndexCache",
     "atomic_save_npy",
     "build_context",
@@ -122,6 +123,28 @@ class ArraySpec:
         if self.shape is not None and tuple(array.shape) != self.shape:
             return f"shape {tuple(array.shape)} (expected {self.shape})"
         return None
+
+
+@dataclass(frozen=True)
+class EntrySpec:
+    """What a cache entry must hold, and how it is checked (:meth:`IndexCache.load_or_build`).
+
+    Attributes:
+        arrays: what each array must look like (None: anything loadable).
+        data_prefixes: the `.bin`/`.idx` prefixes the arrays are computed from.
+        data_check: "rebuild", "error" or "off" (fingerprint.POLICIES).
+        kernel_built: the build returns the output of tokenmill's own index kernels, which the
+            test suite holds to the slow references and to megatron-core: its values are not
+            checked again before they are saved (dtype and shape still are). Values loaded from
+            disk are always checked (or vouched for by the sidecar).
+        trust_presence: megatron's fast_cache_load: skip the description comparison.
+    """
+
+    arrays: Mapping[str, ArraySpec] | None
+    data_prefixes: Sequence[str] = ()
+    data_check: str = "off"
+    kernel_built: bool = False
+    trust_presence: bool = False
 
 
 @dataclass(frozen=True)
@@ -559,28 +582,17 @@ class IndexCache:
 
     def load_or_build(
         self,
+        spec: EntrySpec,
         build: Callable[[], Mapping[str, npt.NDArray[Any]]],
-        specs: Mapping[str, ArraySpec] | None,
         *,
         may_build: bool,
-        trust_presence: bool = False,
-        data_prefixes: Sequence[str] = (),
-        data_check: str = "off",
-        kernel_built: bool = False,
     ) -> tuple[dict[str, npt.NDArray[Any]], bool]:
         """Return the cached arrays, building and saving them first if this process may.
 
         Args:
+            spec: what the entry must hold and how its data is checked (:class:`EntrySpec`).
             build: computes the arrays (called at most once, under the lock).
-            specs: what each array must look like.
             may_build: whether this process writes missing caches (rank rule).
-            trust_presence: megatron's fast_cache_load: skip the description comparison.
-            data_prefixes: the `.bin`/`.idx` prefixes the arrays are computed from.
-            data_check: "rebuild", "error" or "off" (fingerprint.POLICIES).
-            kernel_built: `build` returns the output of tokenmill's own index kernels, which
-                the test suite holds to the slow references and to megatron-core: its values
-                are not checked again before they are saved (dtype and shape still are). Values
-                loaded from disk are always checked (or vouched for by the sidecar).
 
         Returns:
             (arrays, built) where built says whether this call computed them.
@@ -591,15 +603,15 @@ class IndexCache:
                 rebuilt here (data_check "error", or a rank that does not build caches).
             ValueError: data_check is not one of fingerprint.POLICIES.
         """
-        if data_check not in data_fingerprint.POLICIES:
+        if spec.data_check not in data_fingerprint.POLICIES:
             raise ValueError(
                 f"cache_data_check must be one of {list(data_fingerprint.POLICIES)}, "
-                f"got {data_check!r}"
+                f"got {spec.data_check!r}"
             )
         with build_context() as context:
             return self._load_or_build(
-                context, build, specs, may_build, trust_presence, data_prefixes, data_check,
-                kernel_built,
+                context, build, spec.arrays, may_build, spec.trust_presence,
+                spec.data_prefixes, spec.data_check, spec.kernel_built,
             )  # fmt: skip
 
     def _load_or_build(
