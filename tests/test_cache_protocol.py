@@ -687,3 +687,36 @@ def test_a_failing_member_stops_the_build(
     committed = list((tmp_path / "cache").glob("*-GPTDataset-*-description.txt"))
     # at most the members before the failing one (member 0), nothing after it
     assert len(committed) <= 1
+
+
+def test_a_trusting_rank_checks_a_mirror_copy_the_builders_did_not_vouch_for(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A node mirror (or an s3:// copy fetched into one) is another directory holding a copy of
+    the entry: when that copy is older than the data the builders checked, its digest differs
+    from theirs and the trusting rank checks it, raising StaleCacheError instead of serving it.
+    The copy the builders did vouch for is still opened without fingerprinting anything."""
+    import shutil
+
+    from tokenmill.errors import StaleCacheError
+    from tokenmill.index import fingerprint
+
+    rng = np.random.default_rng(12)
+    shard = write_megatron_shard(tmp_path / "data", random_documents(rng, 200))
+    build(shard, make_config(tmp_path / "old"))  # the mirror's copy, of the old data
+    documents = random_documents(np.random.default_rng(13), 200)
+    time.sleep(0.01)
+    write_megatron_shard(tmp_path / "data", documents)  # new data behind the same prefix
+    with cache_module.vouching() as vouched:  # the builders check (and rebuild) their copy
+        fresh = build(shard, make_config(tmp_path / "shared"))
+    shutil.copytree(tmp_path / "old", tmp_path / "mirror")
+    monkeypatch.setattr("tokenmill.datasets.gpt.is_cache_builder", lambda scope: False)
+    with cache_module.trusting_builder(vouched):
+        with pytest.raises(StaleCacheError, match="built from different data"):
+            build(shard, make_config(tmp_path / "mirror"))
+
+        def no_fingerprints(path: object) -> None:
+            raise AssertionError(f"{path} fingerprinted for a copy the builders vouched for")
+
+        monkeypatch.setattr(fingerprint, "fingerprint_file", no_fingerprints)
+        assert_same_arrays(build(shard, make_config(tmp_path / "shared")), fresh)
