@@ -49,19 +49,22 @@ logger = logging.getLogger(__name__)
 
 
 @contextlib.contextmanager
-def _no_full_collections() -> Iterator[None]:
-    """Pause the cyclic garbage collector while a blend is opened. Why: opening thousands of
-    sources allocates enough objects to trigger full collections, and each traverses every
-    object of the process (hundreds of thousands once torch is imported): about 10-20% of a
-    warm start at 1,000 sources. The build creates no garbage cycles to speak of (reference
-    counting frees its temporaries); collections resume, as before, when it returns."""
-    enabled = gc.isenabled()
-    gc.disable()
+def _older_objects_not_traversed() -> Iterator[None]:
+    """Within the block, the cyclic garbage collector skips the objects that existed before it
+    (``gc.freeze``): opening thousands of sources allocates enough objects to trigger full
+    collections, and each traversed every object of the process (hundreds of thousands once
+    torch is imported). Unlike the ``gc.disable()`` this replaces, no collection is paused, for
+    this thread or any other. Skipped when the process has frozen objects itself (a DataLoader
+    set-up that avoids copy-on-write): unfreezing would undo that. Measured in
+    benchmarks/SCALE.md (issue 32): within the noise of a loaded machine, like the pause."""
+    if gc.get_freeze_count() or not gc.isenabled():
+        yield
+        return
+    gc.freeze()
     try:
         yield
     finally:
-        if enabled:
-            gc.enable()
+        gc.unfreeze()
 
 
 def _in_order_stopping_at_failure(
@@ -216,7 +219,7 @@ class BlendedMegatronDatasetBuilder:
         Must be called on every rank when torch.distributed is initialised.
         """
         self._check_tokenizer_fingerprints()
-        with once_per_file(), _no_full_collections():
+        with once_per_file(), _older_objects_not_traversed():
             datasets = self._build_blended_dataset_splits()
         for split, dataset in zip(Split, datasets):
             if dataset is None or isinstance(dataset, list) or len(dataset) == 0:
