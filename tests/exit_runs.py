@@ -36,9 +36,10 @@ def rank(directory: Path, run: int, number: int, port: int) -> None:
     import torch.distributed as dist
 
     sys.path.insert(0, HERE)
-    from conftest import TinyTokenizer
     from tokenmill.datasets.builder import BlendedMegatronDatasetBuilder
     from tokenmill.datasets.gpt import GPTDataset, GPTDatasetConfig
+
+    from conftest import TinyTokenizer
 
     dist.init_process_group(
         "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=number, world_size=2
