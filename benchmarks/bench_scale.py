@@ -19,8 +19,8 @@ the page cache). Runs over --timeout seconds are stopped and shown as
 --ulimit-sources lists the S run under `ulimit -n --low-fd-limit` (1024).
 
 --strace counts system calls (`strace -f -c`) of a rank that does not build opening a warm blend
-(tokenmill: `is_cache_builder` False inside `trusting_builder()`, what such a rank does after the
-builders' collective; megatron-core: its warm path, which is the same on every rank), minus a
+(tokenmill: `is_cache_builder` False inside `trusting_builder(evidence)`, with the digests the
+last builder run recorded, what such a rank does after the builders' collective; megatron-core: its warm path, which is the same on every rank), minus a
 run that only imports and configures, per source (one GPTDataset entry per source plus one blend
 entry).
 
@@ -71,13 +71,14 @@ CHILD = textwrap.dedent(
         # IndexedDataset eagerly, tokenmill's on first use
         import tokenmill.formats.megatron
         import contextlib
-        from tokenmill.index.cache import trusting_builder
-        scope = contextlib.nullcontext()
+        from tokenmill.index.cache import encode_evidence, trusting_builder, vouching
+        scope = vouching()  # a builder: the digests its collective would hand the others
         if role == "reader":  # a rank that does not build, after the builders' collective
             import tokenmill.datasets.blended as blended_module
             import tokenmill.datasets.gpt as gpt_module
             gpt_module.is_cache_builder = blended_module.is_cache_builder = lambda scope: False
-            scope = trusting_builder()
+            # the evidence the last builder run left (what the collective would carry)
+            scope = trusting_builder(open(cache + ".evidence", "rb").read())
     config = GPTDatasetConfig(
         random_seed=1234, sequence_length=int(seq_length), tokenizer=Tokenizer(),
         blend=(prefixes, [1.0] * len(prefixes)), split="100,0,0",
@@ -91,11 +92,14 @@ CHILD = textwrap.dedent(
         train, _, _ = BlendedMegatronDatasetBuilder(
             GPTDataset, [int(samples), 0, 0], lambda: True, config).build()
     else:
-        with scope:
+        with scope as vouched:
             train, _, _ = BlendedMegatronDatasetBuilder(
                 GPTDataset, [int(samples), 0, 0], lambda: True, config).build()
     first = train[0]["tokens"]
     seconds = time.perf_counter() - started
+    if library != "megatron" and role == "builder":
+        with open(cache + ".evidence", "wb") as evidence:
+            evidence.write(encode_evidence(vouched))
     with open("/proc/self/maps") as maps:
         map_count = sum(1 for _ in maps)
     print(json.dumps({

@@ -5,8 +5,9 @@ ranks with a hang guard, and the records of committed files that must never chan
 A job is a plain dict (it crosses into processes of other pid namespaces as JSON): its world size
 and number of nodes, the build scope, how `flock` behaves on its ranks ("flock": the real one,
 "enolck": fails, "node_local": succeeds without excluding anyone), which building ranks are
-SIGKILLed after how many array writes, the seed, the cache directory and the directory where each
-rank writes its outcome.
+SIGKILLed after how many array writes, the seed, the cache directory (with "node_caches", one
+folder per node beneath it: a node-local path_to_cache) and the directory where each rank writes
+its outcome.
 """
 
 from __future__ import annotations
@@ -158,8 +159,11 @@ def rank_main(job: dict[str, Any], rank: int) -> None:
         world_size=world,
         timeout=timedelta(seconds=job["timeout"]),
     )
+    cache = job["cache"]
+    if job.get("node_caches"):  # a node-local path_to_cache: one folder per "node"
+        cache = os.path.join(cache, f"node{rank // (world // nodes)}")
     try:
-        datasets = build_datasets(job["shards"], job["cache"], job["seed"], job["scope"])
+        datasets = build_datasets(job["shards"], cache, job["seed"], job["scope"])
         outcome = {"ok": True, "digest": samples_digest(datasets)}
     except Exception as error:
         outcome = {"ok": False, "type": type(error).__name__, "message": str(error)}

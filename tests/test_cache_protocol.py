@@ -37,12 +37,6 @@ def shard(tmp_path: Path) -> str:
     return write_megatron_shard(tmp_path / "corpus", random_documents(rng, 200))
 
 
-@pytest.fixture(autouse=True)
-def fresh_sweeps(monkeypatch: pytest.MonkeyPatch) -> None:
-    # each test's directories are new, but the once-per-process sweep memory is not
-    monkeypatch.setattr(cache_module, "_SWEPT", set())
-
-
 def forbid_builds(monkeypatch: pytest.MonkeyPatch) -> None:
     def fail(*args: object, **kwargs: object) -> None:
         raise AssertionError("the entry was rebuilt")
@@ -250,7 +244,8 @@ def test_maps_keep_no_descriptor_under_a_low_descriptor_limit(tmp_path: Path) ->
 def test_a_rank_that_does_not_build_trusts_the_builders_verdict(
     shard: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    built = build(shard, make_config(tmp_path / "cache"))
+    with cache_module.vouching() as vouched:  # the builder's digests of what it checked
+        built = build(shard, make_config(tmp_path / "cache"))
     forbid_builds(monkeypatch)
     monkeypatch.setattr("tokenmill.datasets.gpt.is_cache_builder", lambda scope: False)
 
@@ -265,7 +260,7 @@ def test_a_rank_that_does_not_build_trusts_the_builders_verdict(
     monkeypatch.setattr("tokenmill.formats.megatron_index._IndexReader.validate", no_scans)
     from tokenmill.datasets.gpt import GPTDataset
 
-    with cache_module.trusting_builder():
+    with cache_module.trusting_builder(vouched):
         low_level = GPTDataset.build_low_level_dataset(shard, make_config(tmp_path / "cache"))
         opened = GPTDataset(
             low_level,
@@ -289,7 +284,8 @@ def test_a_trusting_rank_skips_value_checks_but_not_the_structure(
     from tokenmill.datasets.gpt import GPTDataset
     from tokenmill.errors import CacheError
 
-    built = build(shard, make_config(tmp_path / "cache"))
+    with cache_module.vouching() as vouched:
+        built = build(shard, make_config(tmp_path / "cache"))
     forbid_builds(monkeypatch)
     monkeypatch.setattr("tokenmill.datasets.gpt.is_cache_builder", lambda scope: False)
 
@@ -297,7 +293,7 @@ def test_a_trusting_rank_skips_value_checks_but_not_the_structure(
         raise AssertionError("values checked again on a rank that trusts the builders")
 
     def open_as_trusting_rank() -> GPTDataset:
-        with cache_module.trusting_builder():
+        with cache_module.trusting_builder(vouched):
             low_level = GPTDataset.build_low_level_dataset(shard, make_config(tmp_path / "cache"))
             return GPTDataset(
                 low_level,
@@ -408,7 +404,12 @@ def test_a_reused_inode_number_is_caught_by_its_generation(
 
 
 def test_vouching_compares_generations_only_where_both_sides_have_one() -> None:
-    from tokenmill.index.fingerprint import vouches_for
+    from tokenmill.index.fingerprint import vouches_for as vouches
+
+    def vouches_for(recorded: dict[str, Any], current: dict[str, dict[str, int]]) -> bool:
+        # each file last changed (ctime 1) before the sidecar was written (ctime 2)
+        now = {name: {**status, "ctime_ns": 1} for name, status in current.items()}
+        return vouches(recorded, now, 2)
 
     fields = {"size": 10, "mtime_ns": 5, "inode": 7}
     with_generation = {**fields, "generation": 3}
@@ -420,6 +421,10 @@ def test_vouching_compares_generations_only_where_both_sides_have_one() -> None:
     assert not vouches_for({"arrays": {"a": {**fields, "generation": 4}}}, {"a": with_generation})
     assert not vouches_for({"arrays": {"a": {**fields, "inode": 8}}}, {"a": with_generation})
     assert not vouches_for({"arrays": {"a": {**fields, "extra": 1}}}, {"a": with_generation})
+    # a file changed after the sidecar was written (its ctime is later) is not vouched for
+    changed = {"a": {**with_generation, "ctime_ns": 3}}
+    assert not vouches({"arrays": {"a": with_generation}}, changed, 2)
+    assert not vouches({"arrays": {"a": with_generation}}, {"a": with_generation}, 2)
 
 
 def test_a_blend_fingerprints_each_data_file_once(
@@ -463,7 +468,8 @@ def test_a_trusting_rank_refuses_negative_ids_of_a_damaged_blend_entry(
             0
         ]
 
-    built = open_blend()
+    with cache_module.vouching() as vouched:
+        built = open_blend()
     for name, position in (("dataset_index", 3), ("dataset_sample_index", 5)):
         (path,) = tmp_path.glob(f"cache/*-BlendedDataset-train-{name}.npy")
         original = np.load(path)
@@ -473,7 +479,7 @@ def test_a_trusting_rank_refuses_negative_ids_of_a_damaged_blend_entry(
         with monkeypatch.context() as scoped:
             scoped.setattr("tokenmill.datasets.gpt.is_cache_builder", lambda scope: False)
             scoped.setattr("tokenmill.datasets.blended.is_cache_builder", lambda scope: False)
-            with cache_module.trusting_builder():
+            with cache_module.trusting_builder(vouched):
                 trusted = open_blend()
         damage = rf"{name[:7]}.*sample {position} .*damaged index"
         with pytest.raises(IndexError, match=damage):
@@ -646,3 +652,71 @@ def test_a_warm_blend_stats_each_data_file_once_for_its_data_checks(
         **{p + ".idx": 1 for p in prefixes},
         **{p + ".bin": 2 for p in prefixes},
     }
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_failing_member_stops_the_build(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, threads: int
+) -> None:
+    """The first member that fails ends the blend's build: no later member is built or
+    committed (on main every remaining member was built and committed), and its error is
+    raised."""
+    from tokenmill.datasets.builder import BlendedMegatronDatasetBuilder
+    from tokenmill.datasets.gpt import GPTDataset
+
+    rng = np.random.default_rng(9)
+    prefixes = [
+        write_megatron_shard(tmp_path / f"m{i}", random_documents(rng, 40)) for i in range(6)
+    ]
+    real = GPTDataset.build_low_level_dataset
+
+    def failing(path: str, config: Any) -> Any:
+        if path == prefixes[1]:
+            raise DataFormatError(f"{path}.idx: broken on purpose")
+        return real(path, config)
+
+    monkeypatch.setattr(GPTDataset, "build_low_level_dataset", staticmethod(failing))
+    config = make_config(
+        tmp_path / "cache",
+        split="100,0,0",
+        blend=(prefixes, [1] * len(prefixes)),
+        num_dataset_builder_threads=threads,
+    )
+    with pytest.raises(DataFormatError, match="broken on purpose"):
+        BlendedMegatronDatasetBuilder(GPTDataset, [60, 0, 0], lambda: True, config).build()
+    committed = list((tmp_path / "cache").glob("*-GPTDataset-*-description.txt"))
+    # at most the members before the failing one (member 0), nothing after it
+    assert len(committed) <= 1
+
+
+def test_a_trusting_rank_checks_a_mirror_copy_the_builders_did_not_vouch_for(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A node mirror (or an s3:// copy fetched into one) is another directory holding a copy of
+    the entry: when that copy is older than the data the builders checked, its digest differs
+    from theirs and the trusting rank checks it, raising StaleCacheError instead of serving it.
+    The copy the builders did vouch for is still opened without fingerprinting anything."""
+    import shutil
+
+    from tokenmill.errors import StaleCacheError
+    from tokenmill.index import fingerprint
+
+    rng = np.random.default_rng(12)
+    shard = write_megatron_shard(tmp_path / "data", random_documents(rng, 200))
+    build(shard, make_config(tmp_path / "old"))  # the mirror's copy, of the old data
+    documents = random_documents(np.random.default_rng(13), 200)
+    time.sleep(0.01)
+    write_megatron_shard(tmp_path / "data", documents)  # new data behind the same prefix
+    with cache_module.vouching() as vouched:  # the builders check (and rebuild) their copy
+        fresh = build(shard, make_config(tmp_path / "shared"))
+    shutil.copytree(tmp_path / "old", tmp_path / "mirror")
+    monkeypatch.setattr("tokenmill.datasets.gpt.is_cache_builder", lambda scope: False)
+    with cache_module.trusting_builder(vouched):
+        with pytest.raises(StaleCacheError, match="built from different data"):
+            build(shard, make_config(tmp_path / "mirror"))
+
+        def no_fingerprints(path: object) -> None:
+            raise AssertionError(f"{path} fingerprinted for a copy the builders vouched for")
+
+        monkeypatch.setattr(fingerprint, "fingerprint_file", no_fingerprints)
+        assert_same_arrays(build(shard, make_config(tmp_path / "shared")), fresh)

@@ -23,6 +23,7 @@ import random
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from rank_jobs import (
@@ -59,6 +60,44 @@ def test_a_builders_error_is_raised_on_every_rank(tmp_path: Path, shards: list[s
     assert all(outcome is not None for outcome in outcomes.values())
     kinds = {(o["type"], o["message"].splitlines()[0]) for o in outcomes.values() if o}
     assert kinds == {("DataFormatError", "shard0.idx: field 'sequence_count' is -1 (rank 0)")}
+
+
+def _permute_documents(prefix: str) -> None:
+    """Rewrite the shard at `prefix` with two neighbouring documents of different lengths
+    swapped: the same token and document counts, so every index array keeps its shape, but the
+    sample boundaries between them move."""
+    from tokenmill.formats.megatron import IndexedDataset
+
+    from conftest import write_megatron_shard
+
+    old = IndexedDataset(prefix)
+    documents = [np.asarray(old[i]).tolist() for i in range(len(old))]
+    del old
+    at = next(i for i in range(10, len(documents)) if len(documents[i]) != len(documents[i + 1]))
+    documents[at], documents[at + 1] = documents[at + 1], documents[at]
+    write_megatron_shard(prefix, documents)
+
+
+def test_a_trusting_rank_never_serves_its_own_stale_copy(tmp_path: Path, shards: list[str]) -> None:
+    """Node-local caches (one folder per node) with global scope: rank 0 checks and rebuilds
+    its own copy; node 1's copy is older than the data. Node 1's ranks trust the builder, but
+    their copy is not the one it vouched for (digest): they check it and refuse it instead of
+    serving the old indices (they did on main: samples that match neither build)."""
+    job = make_job(tmp_path, shards, "stale-copy", nodes=2, node_caches=True, timeout=15)
+    stale_cache = os.path.join(job["cache"], "node1")
+    build_datasets(shards, stale_cache, job["seed"], "global")  # node 1's copy, of the old data
+    _permute_documents(shards[0])
+    fresh = samples_digest(build_datasets(shards, str(tmp_path / "fresh"), job["seed"], "global"))
+    outcomes = finish_ranks(job, start_ranks(job))
+    for rank, outcome in outcomes.items():
+        assert outcome is not None
+        if outcome["ok"]:  # whoever serves samples serves the fresh ones
+            assert outcome["digest"] == fresh, f"rank {rank} served stale samples"
+    # node 1's ranks cannot rebuild: they say why
+    for rank in (2, 3):
+        outcome = outcomes[rank]
+        assert outcome is not None and outcome["type"] == "StaleCacheError", outcome
+        assert "node1" in outcome["message"]
 
 
 def test_sixteen_ranks_kills_broken_and_local_locks_and_two_jobs(

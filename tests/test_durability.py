@@ -420,9 +420,11 @@ def test_a_batch_holds_one_descriptor_per_directory_until_it_ends(tmp_path: Path
     with deferred_commits():
         for number in range(5):
             _entry(tmp_path, number).save({"a": np.arange(2), "b": np.zeros(1)})
-        assert list(cache_writes._FILESYSTEMS) == [str(tmp_path)]
+        context = cache_writes.current_context()
+        assert context is not None and context.batch is not None
+        assert list(context.batch.filesystems) == [str(tmp_path)]
         assert held() == [str(tmp_path)]
-    assert cache_writes._FILESYSTEMS == {}
+    assert cache_writes.current_context() is None
     assert held() == []
 
 
@@ -554,3 +556,30 @@ def test_an_aborted_in_place_file_is_left_for_the_next_writer(tmp_path: Path) ->
     file.finish()
     file.abort()
     assert (tmp_path / "a.npy").read_bytes() == b"half"
+
+
+def test_a_batch_belongs_to_its_build_and_another_thread_commits_at_once(tmp_path: Path) -> None:
+    """The batch of deferred commits lives in the build's context (contextvars), not in the
+    process: while one thread holds a batch open, another thread's save commits its entry before
+    returning (on main it returned with no description committed)."""
+    import threading
+
+    from tokenmill.index.cache import deferred_commits
+
+    arrays = {"a": np.arange(2), "b": np.zeros(1)}
+    saved_elsewhere: list[bool] = []
+
+    def other_thread() -> None:
+        entry = _entry(tmp_path / "other", 1)
+        entry.save(arrays)
+        saved_elsewhere.append(entry.description_path.is_file())
+
+    batched = _entry(tmp_path / "batch", 0)
+    with deferred_commits():
+        batched.save(arrays)
+        worker = threading.Thread(target=other_thread)
+        worker.start()
+        worker.join()
+        assert saved_elsewhere == [True]  # committed when its save returned
+        assert not batched.description_path.exists()  # this batch commits at its end
+    assert batched.description_path.is_file()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -148,7 +149,9 @@ def test_off_is_megatrons_path_only_behaviour(shard: str, tmp_path: Path) -> Non
 def test_entry_without_fingerprint_is_adopted_when_data_is_older(
     shard: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """An entry megatron-core wrote (no sidecar) over unchanged data is a hit and gets a sidecar."""
+    """An entry megatron-core wrote (no sidecar) over unchanged data is a hit. A read adds
+    nothing to its folder; only where the user asked for strict data checks
+    (cache_data_check="error") does the entry get a sidecar (then fingerprints are compared)."""
     old = build(shard, make_config(tmp_path / "cache", cache_data_check="off"))
     (description,) = (tmp_path / "cache").glob("*-description.txt")
     later = os.stat(shard + ".idx").st_mtime_ns + 10**9
@@ -158,10 +161,64 @@ def test_entry_without_fingerprint_is_adopted_when_data_is_older(
         raise AssertionError("rebuilt an entry whose data is unchanged")
 
     monkeypatch.setattr("tokenmill.datasets.gpt.build_gpt_indices", no_build)
-    adopted = build(shard, make_config(tmp_path / "cache"))
+    files = sorted(os.listdir(tmp_path / "cache"))
+    assert_same_arrays(old, build(shard, make_config(tmp_path / "cache")))
+    assert sorted(os.listdir(tmp_path / "cache")) == files  # nothing added by a read
+    adopted = build(shard, make_config(tmp_path / "cache", cache_data_check="error"))
     assert_same_arrays(old, adopted)
     (sidecar,) = (tmp_path / "cache").glob("*-GPTDataset-train-data.tokenmill.json")
     assert fingerprint.read_fingerprint(sidecar) == fingerprint.fingerprint_prefixes([shard])
+
+
+_READ_CACHE = """
+import hashlib, sys
+import numpy as np
+sys.path.insert(0, {tests!r})
+from test_stale_data import build, make_config
+dataset = build({shard!r}, make_config({cache!r}))
+digest = hashlib.sha256()
+for index in range(len(dataset)):
+    digest.update(np.asarray(dataset[index]["tokens"]).tobytes())
+print(digest.hexdigest())
+"""
+
+
+def test_a_read_only_megatron_cache_folder_is_read_and_left_as_it_was(
+    shard: str, tmp_path: Path
+) -> None:
+    """A cache megatron built (no tokenmill sidecar), in a folder nobody may write (a read-only
+    bind mount for root, permissions otherwise): a default read serves its samples and leaves
+    the folder as it was."""
+    import shutil
+    import subprocess
+    import sys
+
+    cache = tmp_path / "cache"
+    built = build(shard, make_config(cache, cache_data_check="off"))
+    expected = hashlib.sha256()
+    for index in range(len(built)):
+        expected.update(np.asarray(built[index]["tokens"]).tobytes())
+    (description,) = cache.glob("*-description.txt")
+    later = os.stat(shard + ".idx").st_mtime_ns + 10**9
+    os.utime(description, ns=(later, later))
+    files = sorted(os.listdir(cache))
+    code = _READ_CACHE.format(tests=os.path.dirname(__file__), shard=shard, cache=str(cache))
+    if os.geteuid() == 0:  # root writes through permissions: mount the folder read-only
+        assert shutil.which("unshare"), "unshare (util-linux) is needed to mount read-only"
+        command = [
+            "unshare", "-m", "sh", "-c",
+            'mount --bind -o ro "$0" "$0" && exec "$1" -c "$2"', str(cache), sys.executable, code,
+        ]  # fmt: skip
+    else:
+        cache.chmod(0o555)
+        command = [sys.executable, "-c", code]
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    finally:
+        cache.chmod(0o755)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split()[-1] == expected.hexdigest()
+    assert sorted(os.listdir(cache)) == files
 
 
 def test_entry_without_fingerprint_and_newer_data_is_stale(shard: str, tmp_path: Path) -> None:
@@ -389,3 +446,77 @@ def test_a_sidecar_larger_than_any_fingerprint_is_refused(tmp_path: Path) -> Non
         stream.truncate((1 << 24) + 1)  # sparse: nothing is written
     with pytest.raises(DataFormatError, match=r"data\.tokenmill\.json: 16777217 bytes, larger"):
         fingerprint.read_fingerprint(sidecar)
+
+
+def _swap_middle_documents(prefix: str, into: str) -> None:
+    """Write to `into` the shard at `prefix` with two documents of different lengths in the
+    middle swapped: the same sizes of both files, changes only past the first and before the
+    last 4 KiB of the `.idx` (its sizes and pointers there)."""
+    old = IndexedDataset(prefix)
+    documents = [np.asarray(old[i]).tolist() for i in range(len(old))]
+    del old
+    at = next(
+        i
+        for i in range(len(documents) // 2, len(documents))
+        if len(documents[i]) != len(documents[i + 1])
+    )
+    documents[at], documents[at + 1] = documents[at + 1], documents[at]
+    write_megatron_shard(into, documents)
+
+
+@pytest.mark.parametrize("how", ["in_place", "cp_p_and_rename"])
+def test_an_idx_changed_in_the_middle_with_size_and_mtime_restored_is_stale(
+    tmp_path: Path, how: str
+) -> None:
+    """The whole `.idx` is hashed (the index arrays are computed from it alone), and its ctime
+    makes the stat shortcut look again: a same-size change in the middle of the `.idx` with the
+    mtime put back is caught, whether rewritten in place or copied with ``cp -p`` and renamed
+    over (main hashed the first and last 4 KiB and served the old arrays)."""
+    import shutil
+
+    rng = np.random.default_rng(21)
+    shard = write_megatron_shard(tmp_path / "big", random_documents(rng, 3000, 20))
+    assert os.path.getsize(shard + ".idx") > 6 * fingerprint.SAMPLE_BYTES
+    config = make_config(tmp_path / "cache", cache_data_check="error")
+    build(shard, config)
+    before = {suffix: os.stat(shard + suffix) for suffix in (".bin", ".idx")}
+    time.sleep(0.01)  # past the filesystem's timestamp tick
+    if how == "in_place":
+        _swap_middle_documents(shard, shard)
+    else:
+        _swap_middle_documents(shard, str(tmp_path / "other"))
+        for suffix in (".bin", ".idx"):
+            shutil.copy2(tmp_path / f"other{suffix}", tmp_path / f"copy{suffix}")  # cp -p
+    for suffix, status in before.items():
+        path = shard + suffix if how == "in_place" else str(tmp_path / f"copy{suffix}")
+        os.utime(path, ns=(status.st_atime_ns, status.st_mtime_ns))
+        if how != "in_place":
+            os.replace(path, shard + suffix)
+        now = os.stat(shard + suffix)
+        assert (now.st_size, now.st_mtime_ns) == (status.st_size, status.st_mtime_ns)
+    with pytest.raises(StaleCacheError, match=rf"{shard}\.idx: sha256 was"):
+        build(shard, config)
+
+
+def test_an_array_rewritten_in_place_with_its_mtime_restored_is_checked_again(
+    shard: str, tmp_path: Path
+) -> None:
+    """The sidecar vouches for its arrays only while their ctime is not later than its own: an
+    array file rewritten in place with size and mtime put back has its values checked (a
+    shuffle that is no permutation is refused and rebuilt)."""
+    config = make_config(tmp_path / "cache")
+    built = build(shard, config)
+    (path,) = (tmp_path / "cache").glob("*-shuffle_index.npy")
+    status = os.stat(path)
+    broken = np.load(path)
+    broken[1] = broken[0]  # a repeated sample: not a permutation
+    time.sleep(0.01)
+    with open(path, "r+b") as file:  # in place: same inode
+        file.seek(status.st_size - broken.nbytes)
+        file.write(broken.tobytes())
+    os.utime(path, ns=(status.st_atime_ns, status.st_mtime_ns))
+    assert os.stat(path).st_ino == status.st_ino
+    rebuilt = build(shard, config)  # the builder sees the bad values and rebuilds
+    np.testing.assert_array_equal(
+        np.asarray(rebuilt.shuffle_index), np.asarray(built.shuffle_index)
+    )

@@ -35,7 +35,7 @@ from tokenmill.formats import dataset_sidecar as tokenizer_sidecar
 from tokenmill.formats.megatron import IndexedDataset
 from tokenmill.formats.megatron_index import _IndexReader
 from tokenmill.index import fingerprint as data_fingerprint
-from tokenmill.index.cache import IndexCache
+from tokenmill.index.cache import EntrySpec, IndexCache
 
 __all__ = ["ALLOWED", "HARNESSES", "seeds", "set_workdir"]
 
@@ -290,7 +290,7 @@ def cache_entry(data: bytes) -> bool:
     cache.load(loose)  # never raises: problems are returned
     try:
         arrays, _ = cache.load_or_build(
-            _never_build, fixture["specs"], may_build=False, data_check="off"
+            EntrySpec(fixture["specs"], data_check="off"), _never_build, may_build=False
         )
     except CacheError:
         return False
@@ -384,7 +384,9 @@ def packing_plan(data: bytes) -> bool:
         "row_order": ArraySpec(int64, ndim=1, values=checks["row_order"]),
     }
     try:
-        arrays, _ = cache.load_or_build(_never_build, specs, may_build=False, data_check="off")
+        arrays, _ = cache.load_or_build(
+            EntrySpec(specs, data_check="off"), _never_build, may_build=False
+        )
     except (CacheError, DataFormatError):
         return False
     dataset, unmapped = fixture["dataset"], fixture["unmapped"]
@@ -452,7 +454,10 @@ def _blended_fixture() -> dict[str, Any]:
                     Split.train, config,
                 )
             )  # fmt: skip
-    blend = BlendedDataset(members, [0.6, 0.4], 16, config)
+    from tokenmill.index.cache import vouching
+
+    with vouching() as vouched:  # what the builder checked, for trusting_builder
+        blend = BlendedDataset(members, [0.6, 0.4], 16, config)
     cache = blend._cache
     assert cache is not None
     # the writer's files, hard-linked: restoring one keeps its size, mtime and inode, so the
@@ -465,6 +470,7 @@ def _blended_fixture() -> dict[str, Any]:
         os.link(path, pristine / name)
     fixture = {
         "blend": blend,
+        "evidence": dict(vouched),
         "cache": cache,
         "specs": blend._specs(),
         "servers": [member._serving() for member in members],
@@ -509,14 +515,11 @@ def load_blended_entry(data: bytes) -> dict[str, Any]:
         else:
             os.link(original, path)
     blend = fixture["blend"]
-    with trusting_builder() if trusting else contextlib.nullcontext():
-        arrays, _ = cache.load_or_build(
-            _never_build,
-            fixture["specs"],
-            may_build=False,
-            data_prefixes=blend.data_prefixes(),
-            data_check=blend._data_check(),
+    with trusting_builder(fixture["evidence"]) if trusting else contextlib.nullcontext():
+        spec = EntrySpec(
+            fixture["specs"], data_prefixes=blend.data_prefixes(), data_check=blend._data_check()
         )
+        arrays, _ = cache.load_or_build(spec, _never_build, may_build=False)
     if not trusting:
         blend._data_verified = True  # checked by the load above
         deferred = blend._load_cached("defer_npy_index_mmap")

@@ -7,9 +7,11 @@ Who builds a missing cache: with scope "global" the process of global rank 0 (me
 rule); with scope "node" the first process of every node (local rank 0), for caches on
 node-local disks. The index build is deterministic, so every node writes the same bytes.
 
-Builders and the other ranks meet in :func:`build_then_share`, not a bare barrier: it carries
-each builder's outcome, so when a builder fails every rank raises its exception (type and
-message) at once, instead of waiting out the collective timeout or dying of a broken connection.
+Builders and the other ranks meet in :func:`build_then_share` (:func:`build_and_vouch`), not a
+bare barrier: it carries each builder's outcome through the process group's store, so when a
+builder fails every rank raises its exception (type and message) at once, instead of waiting
+out the collective timeout or dying of a broken connection; and it carries the builders'
+evidence (digests of the cache entries they checked) to the ranks that trust them.
 """
 
 from __future__ import annotations
@@ -18,10 +20,12 @@ import os
 import pickle
 import sys
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 __all__ = [
+    "Shared",
     "barrier",
+    "build_and_vouch",
     "build_then_share",
     "get_rank",
     "get_world_size",
@@ -96,7 +100,7 @@ class CacheBuildError(RuntimeError):
 
 
 def _portable(error: BaseException) -> BaseException:
-    """`error` if it survives a pickle round trip (what broadcast_object_list does), else a
+    """`error` if it survives a pickle round trip (it travels through the store), else a
     CacheBuildError with its type and message."""
     try:
         copy = pickle.loads(pickle.dumps(error))
@@ -108,50 +112,113 @@ def _portable(error: BaseException) -> BaseException:
     return CacheBuildError(f"{type(error).__module__}.{type(error).__name__}: {error}")
 
 
+class Shared(NamedTuple):
+    """What :func:`build_and_vouch` hands each rank: its own work's result (None on ranks without
+    work) and the evidence its builder published (None on builders, and where none was)."""
+
+    result: Any
+    evidence: bytes | None
+
+
+# Every key build_and_vouch writes in the process group's store starts with this.
+_STORE_PREFIX = "tokenmill/build_then_share/"
+
+
 def build_then_share(work: Callable[[], _T] | None) -> _T | None:
     """Run `work` on the ranks that pass one (the cache builders), then let every rank know
-    whether all of them succeeded. Every rank must call it, in the same order.
-
-    Two small collectives: an all-reduce of the lowest failing rank, then, only on failure, a
-    broadcast of that rank's exception. Without a process group, `work` just runs.
+    whether all of them succeeded (:func:`build_and_vouch` without evidence).
 
     Returns:
         `work()`'s result, or None on ranks without work.
 
     Raises:
-        The first failing rank's exception, on every rank (a rank whose own work failed raises
-        its own). A note names the rank it came from.
+        A failing rank's exception, on every rank (a rank whose own work failed raises its
+        own). A note names the rank it came from.
+    """
+    result: _T | None = build_and_vouch(work).result
+    return result
+
+
+def build_and_vouch(
+    work: Callable[[], Any] | None,
+    evidence: Callable[[], bytes] | None = None,
+    scope: str = "global",
+) -> Shared:
+    """Run `work` on the ranks that pass one (the cache builders), then let every rank know
+    whether all of them succeeded, and hand the other ranks their builder's `evidence` (what a
+    builder checked, published after its work succeeded). Every rank must call it, in the same
+    order. Without a process group, `work` just runs.
+
+    The ranks meet in the process group's store and one ``barrier``, never in a collective over
+    a tensor made in Python: gloo's worker thread frees such a tensor after the call returns,
+    possibly while the interpreter finalizes, which aborts the process at exit (SIGABRT,
+    pytorch#190489; a build-then-exit script without ``destroy_process_group`` died in about 1
+    of 10 runs). A failing builder writes its exception (pickled) to the store before the
+    barrier; after it, every rank looks for one. A builder writes its evidence under its own
+    rank; a rank without work reads its builder's (rank 0, or with `scope` "node" its node's
+    local rank 0, ``rank - local_rank()``). Rank 0, whose process may host the store, returns
+    only once every rank has read.
+
+    Returns:
+        `Shared(result, evidence)`.
+
+    Raises:
+        A failing rank's exception, on every rank (a rank whose own work failed raises its
+        own). A note names the rank it came from.
     """
     dist = _dist()
     if dist is None:
-        return None if work is None else work()
-    result: _T | None = None
+        return Shared(None if work is None else work(), None)
+    result: Any = None
     error: BaseException | None = None
+    published: bytes | None = None
     if work is not None:
         try:
             result = work()
-        except Exception as caught:  # every rank must reach the collective below
+            published = evidence() if evidence is not None else None
+        except Exception as caught:  # every rank must reach the barrier below
             error = caught
-    torch = sys.modules["torch"]
-    rank, world = int(dist.get_rank()), int(dist.get_world_size())
-    device = torch.device("cpu")
-    if str(dist.get_backend()) == "nccl":
-        device = torch.device("cuda", torch.cuda.current_device())
-    first = torch.tensor([rank if error is not None else world], dtype=torch.int64, device=device)
-    dist.all_reduce(first, op=dist.ReduceOp.MIN)
-    failed = int(first.item())
-    if failed == world:
-        return result
-    payload: list[Any] = [_portable(error) if rank == failed and error is not None else None]
-    dist.broadcast_object_list(payload, src=failed)
+    store = dist.distributed_c10d._get_default_store()
+    rank = int(dist.get_rank())
+    # the n-th call of this rank: every rank calls in the same order, so the same n everywhere
+    call = int(store.add(f"{_STORE_PREFIX}calls/{rank}", 1))
+    key = f"{_STORE_PREFIX}{call}/"
+    if error is not None and int(store.add(key + "failures", 1)) == 1:
+        store.set(key + "error", pickle.dumps((rank, _portable(error))))
+    if published is not None:
+        store.set(key + f"evidence/{rank}", published)
+    dist.barrier()
+    failed = store.get(key + "error") if store.check([key + "failures"]) else None
+    found: bytes | None = None
+    if failed is None and work is None and evidence is not None:
+        source = key + f"evidence/{0 if scope == 'global' else rank - local_rank()}"
+        found = bytes(store.get(source)) if store.check([source]) else None
+    # the store may live in rank 0's process (init_method tcp://): rank 0 leaves only once
+    # every rank has read what it needs from it
+    world = int(dist.get_world_size())
+    if int(store.add(key + "read", 1)) == world:
+        store.set(key + "all_read", b"")
+    if rank == 0:
+        store.wait([key + "all_read"])
     if error is not None:
         raise error
-    shared = payload[0]
-    if not isinstance(shared, BaseException):  # defensive: the protocol always sends one
+    if failed is not None:
+        raise _shared_error(failed, rank)
+    return Shared(result, found)
+
+
+def _shared_error(payload: bytes, rank: int) -> BaseException:
+    """The exception a failing rank wrote to the store, with a note naming that rank."""
+    try:
+        failed, shared = pickle.loads(payload)
+    except Exception:  # defensive: the protocol always writes one
+        failed, shared = "?", None
+    if not isinstance(shared, BaseException):
         shared = CacheBuildError(f"rank {failed} failed to build the index caches")
-    if hasattr(shared, "add_note"):  # Python 3.11+
-        shared.add_note(
+    error: BaseException = shared
+    if hasattr(error, "add_note"):  # Python 3.11+
+        error.add_note(
             f"(raised on rank {failed}, which builds the index caches; rank {rank} stops with "
             "the same error)"
         )
-    raise shared
+    return error

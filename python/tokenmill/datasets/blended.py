@@ -40,7 +40,7 @@ from tokenmill.index.blending import (
     build_blending_indices,
     build_exhaustive_blending_indices,
 )
-from tokenmill.index.cache import ArraySpec, IndexCache
+from tokenmill.index.cache import ArraySpec, EntrySpec, IndexCache
 from tokenmill.index.cache_checks import blended_checks
 from tokenmill.serving.batch import SampleBatch, as_index_array, stack_samples
 from tokenmill.serving.layout import BatchLayout
@@ -216,13 +216,16 @@ class BlendedDataset:
         elif self.config.fast_cache_load:
             arrays = self._load_cached("fast_cache_load")
         else:
-            arrays, _ = self._cache.load_or_build(
-                self._compute,
+            spec = EntrySpec(
                 self._specs(),
-                may_build=is_cache_builder(getattr(self.config, "cache_build_scope", "global")),
                 data_prefixes=self.data_prefixes(),
                 data_check=self._data_check(),
                 kernel_built=type(self)._compute is BlendedDataset._compute,
+            )
+            arrays, _ = self._cache.load_or_build(
+                spec,
+                self._compute,
+                may_build=is_cache_builder(getattr(self.config, "cache_build_scope", "global")),
             )
             self._data_verified = True
         return arrays["dataset_index"], arrays["dataset_sample_index"]

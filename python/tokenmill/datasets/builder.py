@@ -18,11 +18,13 @@ hangs.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import gc
 import logging
 import os
+import threading
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from tokenmill.common import distributed
@@ -39,9 +41,8 @@ from tokenmill.datasets.utils import (
 )
 from tokenmill.errors import ResourceLimitError
 from tokenmill.index.blending import compute_ahead, discard_ahead
-from tokenmill.index.cache import trusting_builder
-from tokenmill.index.cache_writes import batch_has_entries, deferred_commits
-from tokenmill.index.fingerprint import once_per_file
+from tokenmill.index.cache import encode_evidence, once_per_file, trusting_builder, vouching
+from tokenmill.index.cache_writes import batch_has_entries, deferred_commits, stop_batch
 
 __all__ = ["BlendedMegatronDatasetBuilder"]
 
@@ -49,19 +50,67 @@ logger = logging.getLogger(__name__)
 
 
 @contextlib.contextmanager
-def _no_full_collections() -> Iterator[None]:
-    """Pause the cyclic garbage collector while a blend is opened. Why: opening thousands of
-    sources allocates enough objects to trigger full collections, and each traverses every
-    object of the process (hundreds of thousands once torch is imported): about 10-20% of a
-    warm start at 1,000 sources. The build creates no garbage cycles to speak of (reference
-    counting frees its temporaries); collections resume, as before, when it returns."""
-    enabled = gc.isenabled()
-    gc.disable()
+def _older_objects_not_traversed() -> Iterator[None]:
+    """Within the block, the cyclic garbage collector skips the objects that existed before it
+    (``gc.freeze``): opening thousands of sources allocates enough objects to trigger full
+    collections, and each traversed every object of the process (hundreds of thousands once
+    torch is imported). Unlike the ``gc.disable()`` this replaces, no collection is paused, for
+    this thread or any other. Skipped when the process has frozen objects itself (a DataLoader
+    set-up that avoids copy-on-write): unfreezing would undo that. Measured in
+    benchmarks/SCALE.md (issue 32): within the noise of a loaded machine, like the pause."""
+    if gc.get_freeze_count() or not gc.isenabled():
+        yield
+        return
+    gc.freeze()
     try:
         yield
     finally:
-        if enabled:
-            gc.enable()
+        gc.unfreeze()
+
+
+def _in_order_stopping_at_failure(
+    build_one: Callable[[int], list[Any]], prefixes: Sequence[str], threads: int
+) -> Iterator[list[Any]]:
+    """build_one(0), build_one(1), ... on a pool of `threads`, each task in a copy of this
+    build's context (contextvars: the build context, its batch, trust and memo), results in
+    order. At the first failure no further member starts, and the enclosing batch takes no entry
+    written after it (`cache_writes.stop_batch`): nothing is built or committed after the
+    first failure; the error is raised once the members already running have returned."""
+    stopped = threading.Event()
+
+    def guarded(number: int) -> list[Any]:
+        if stopped.is_set():
+            raise _Skipped
+        try:
+            return build_one(number)
+        except BaseException:
+            stopped.set()
+            stop_batch()
+            raise
+
+    with ThreadPoolExecutor(max_workers=threads) as executor:
+        futures: list[Future[list[Any]]] = [
+            executor.submit(contextvars.copy_context().run, guarded, number)
+            for number in range(len(prefixes))
+        ]
+        try:
+            for future in futures:
+                try:
+                    result = future.result()
+                except _Skipped:
+                    continue  # a later member skipped after an earlier one failed
+                yield result
+        except BaseException:
+            stopped.set()
+            for future in futures:
+                future.cancel()
+            raise
+        finally:
+            stopped.set()
+
+
+class _Skipped(Exception):
+    """A member not started because an earlier one failed."""
 
 
 def _sum_or_zero(values: Sequence[Any]) -> int:
@@ -147,13 +196,19 @@ class BlendedMegatronDatasetBuilder:
                 ) from error
 
         work = build if builder and is_built_on_rank() else None
+        evidence = None
         if synchronize_ranks:
-            dataset = distributed.build_then_share(work)
+            with vouching() as vouched:
+                shared = distributed.build_and_vouch(
+                    work, lambda: encode_evidence(vouched), scope=scope
+                )
+            dataset, evidence = shared.result, shared.evidence
         elif work is not None:
             dataset = work()
         if not builder and is_built_on_rank():
-            # the builders' verdict is known only after the collective (or an enclosing one)
-            with trusting_builder() if synchronize_ranks else contextlib.nullcontext():
+            # the builders' verdict is known only after the collective (or an enclosing one),
+            # with the digest of each entry they checked
+            with trusting_builder(evidence) if synchronize_ranks else contextlib.nullcontext():
                 dataset = cls(*args)
         return dataset
 
@@ -167,7 +222,7 @@ class BlendedMegatronDatasetBuilder:
         # blend entries naming raw text become cached prefixes (all ranks tokenize together)
         self.config = resolve_raw_text(self.config)
         self._check_tokenizer_fingerprints()
-        with once_per_file(), _no_full_collections():
+        with once_per_file(), _older_objects_not_traversed():
             datasets = self._build_blended_dataset_splits()
         for split, dataset in zip(Split, datasets):
             if dataset is None or isinstance(dataset, list) or len(dataset) == 0:
@@ -406,8 +461,7 @@ class BlendedMegatronDatasetBuilder:
                 if threads == 1:  # here, not on a pool thread: no hand-over per source
                     built = after_each(build_one(number) for number in range(len(prefixes)))
                 else:
-                    with ThreadPoolExecutor(max_workers=threads) as executor:
-                        built = after_each(executor.map(build_one, range(len(prefixes))))
+                    built = after_each(_in_order_stopping_at_failure(build_one, prefixes, threads))
             by_split: list[list[Any]] = [[] for _ in Split]
             for datasets in built:
                 for i, dataset in enumerate(datasets):
@@ -417,11 +471,17 @@ class BlendedMegatronDatasetBuilder:
         threads = self.config.num_dataset_builder_threads
         if distributed.is_initialized() and not self._fast_cache_load():
             builder = distributed.is_cache_builder(self._scope())
-            result = distributed.build_then_share((lambda: build_all(threads)) if builder else None)
-            if result is None:
-                with trusting_builder():
-                    result = build_all(threads)
-            return result
+            with vouching() as vouched:
+                shared = distributed.build_and_vouch(
+                    (lambda: build_all(threads)) if builder else None,
+                    lambda: encode_evidence(vouched),
+                    scope=self._scope(),
+                )
+            if builder:
+                result: list[list[Any]] = shared.result
+                return result
+            with trusting_builder(shared.evidence):
+                return build_all(threads)
         return build_all(threads)
 
     def _build_megatron_dataset_splits(

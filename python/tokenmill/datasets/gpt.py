@@ -66,7 +66,7 @@ from tokenmill.datasets.config import GPTDatasetConfig
 from tokenmill.datasets.megatron_dataset import MegatronDataset
 from tokenmill.datasets.utils import Split
 from tokenmill.errors import CacheError, CacheMissingError, PerformanceWarning
-from tokenmill.index.cache import ArraySpec, IndexCache, builders_verified
+from tokenmill.index.cache import ArraySpec, EntrySpec, IndexCache, builders_verified
 from tokenmill.index.cache_checks import gpt_checks
 from tokenmill.index.gpt_index import (
     GptIndexPlan,
@@ -422,13 +422,16 @@ class GPTDataset(MegatronDataset):
             arrays = self._load_cached("fast_cache_load")
         else:
             plan = self._plan()
-            arrays, _ = self._cache.load_or_build(
-                lambda: self._build_arrays(plan),
+            spec = EntrySpec(
                 self._array_specs(plan),
-                may_build=is_cache_builder(self.config.cache_build_scope),
                 data_prefixes=self.data_prefixes(),
                 data_check=self.config.cache_data_check,
                 kernel_built=True,
+            )
+            arrays, _ = self._cache.load_or_build(
+                spec,
+                lambda: self._build_arrays(plan),
+                may_build=is_cache_builder(self.config.cache_build_scope),
             )
             self._data_verified = True
             self._check_consistency(arrays)

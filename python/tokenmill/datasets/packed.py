@@ -43,7 +43,7 @@ from tokenmill.common import distributed
 from tokenmill.common.core_call import core_call
 from tokenmill.common.threads import default_build_threads
 from tokenmill.errors import DataFormatError
-from tokenmill.index.cache import ArraySpec, IndexCache
+from tokenmill.index.cache import ArraySpec, EntrySpec, IndexCache
 from tokenmill.index.cache_checks import packing_checks
 from tokenmill.index.packing import INSERTED_BOS, plan_packing
 from tokenmill.serving.buffers import allocate
@@ -258,12 +258,12 @@ class PackedDataset:
         arrays: dict[str, npt.NDArray[Any]] | None = None
         if builder:
             arrays = distributed.build_then_share(
-                lambda: cache.load_or_build(self._plan, specs, may_build=True)[0]
+                lambda: cache.load_or_build(EntrySpec(specs), self._plan, may_build=True)[0]
             )
         else:
             distributed.build_then_share(None)
         if arrays is None:
-            arrays, _ = cache.load_or_build(self._plan, specs, may_build=False)
+            arrays, _ = cache.load_or_build(EntrySpec(specs), self._plan, may_build=False)
         if arrays["row_order"].shape[0] != arrays["row_offsets"].shape[0] - 1:
             raise DataFormatError(f"{cache.array_path('row_order')}: does not match the plan")
         return arrays

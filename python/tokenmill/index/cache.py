@@ -23,12 +23,18 @@ Beyond megatron-core:
   ranks raise CacheError) instead of being used. Running out of descriptors or maps raises
   ResourceLimitError (naming the limit) instead: a valid entry is never rebuilt for that;
 * a hit also requires the data to be the data the entry was built from: a fingerprint of every
-  `.bin`/`.idx` (size, mtime, sampled contents) is written beside the entry as
-  ``<base>-data.tokenmill.json`` before the description, and compared when the builder loads
-  (`tokenmill.index.fingerprint`; the ``cache_data_check`` policy says whether a stale entry is
-  rebuilt or raises StaleCacheError, or whether, as in megatron-core, nothing is checked).
-  Ranks that do not build trust the builder's verdict (:func:`trusting_builder`) and open an
-  entry with a constant number of filesystem calls, whatever the number and size of its data.
+  `.bin`/`.idx` (size, mtime, ctime, inode, the first and last 4 KiB, and the whole `.idx`) is
+  written beside the entry as ``<base>-data.tokenmill.json`` before the description, and
+  compared when the builder loads (`tokenmill.index.fingerprint`; the ``cache_data_check``
+  policy says whether a stale entry is rebuilt or raises StaleCacheError, or whether, as in
+  megatron-core, nothing is checked). Ranks that do not build trust the builders' check of an
+  entry (:func:`trusting_builder`) only when the copy they read has the digest the builders
+  handed over with their collective (:func:`vouching`); such an open costs a constant number of
+  filesystem calls per entry, whatever the number and size of its data. Any other copy is
+  checked.
+
+The state of one build (deferred commits, trust evidence, vouched digests, the fingerprint memo,
+a session) is one `cache_writes.BuildContext` carried by a context variable, never module state.
 
 The protocol (write order, what a reader trusts) is in docs/cache-protocol.md.
 
@@ -41,6 +47,7 @@ over a whole blend can go on and list every problem.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import threading
@@ -56,16 +63,21 @@ import numpy.typing as npt
 from tokenmill.common.locks import best_effort_lock
 from tokenmill.common.mapping import resource_error
 from tokenmill.common.owner import remove_abandoned
+from tokenmill.common.whole_read import read_whole
 from tokenmill.errors import CacheError, DataFormatError, ResourceLimitError, StaleCacheError
 from tokenmill.formats.npy import load_npy, load_npy_and_status
 from tokenmill.index import cache_checks
 from tokenmill.index import fingerprint as data_fingerprint
 from tokenmill.index.cache_writes import (
+    BuildContext,
     atomic_save_npy,
     batch_active,
     batch_holds,
     batch_listing,
+    build_context,
+    current_context,
     deferred_commits,
+    entry_digest,
     note_batch_miss,
     write_entry,
 )
@@ -77,12 +89,18 @@ __all__ = [
     "ArraySpec",
     "CacheEvent",
     "CacheSession",
+    "EntrySpec",
     "IndexCache",
     "atomic_save_npy",
+    "build_context",
     "builders_verified",
     "cache_session",
+    "decode_evidence",
     "deferred_commits",
+    "encode_evidence",
+    "once_per_file",
     "trusting_builder",
+    "vouching",
 ]
 
 
@@ -105,6 +123,28 @@ class ArraySpec:
         if self.shape is not None and tuple(array.shape) != self.shape:
             return f"shape {tuple(array.shape)} (expected {self.shape})"
         return None
+
+
+@dataclass(frozen=True)
+class EntrySpec:
+    """What a cache entry must hold, and how it is checked (:meth:`IndexCache.load_or_build`).
+
+    Attributes:
+        arrays: what each array must look like (None: anything loadable).
+        data_prefixes: the `.bin`/`.idx` prefixes the arrays are computed from.
+        data_check: "rebuild", "error" or "off" (fingerprint.POLICIES).
+        kernel_built: the build returns the output of tokenmill's own index kernels, which the
+            test suite holds to the slow references and to megatron-core: its values are not
+            checked again before they are saved (dtype and shape still are). Values loaded from
+            disk are always checked (or vouched for by the sidecar).
+        trust_presence: megatron's fast_cache_load: skip the description comparison.
+    """
+
+    arrays: Mapping[str, ArraySpec] | None
+    data_prefixes: Sequence[str] = ()
+    data_check: str = "off"
+    kernel_built: bool = False
+    trust_presence: bool = False
 
 
 @dataclass(frozen=True)
@@ -138,48 +178,92 @@ class CacheSession:
     check_only: bool = False
     on_event: Callable[[CacheEvent], None] | None = None
     events: list[CacheEvent] = field(default_factory=list)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def record(self, event: CacheEvent) -> None:
-        with _SESSION_LOCK:
+        with self._lock:  # the builder's pool threads record concurrently
             self.events.append(event)
         if self.on_event is not None:
             self.on_event(event)
 
 
-# A process-wide slot rather than a contextvar: the builder constructs the members of a blend on
-# a thread pool, and executor threads do not inherit the caller's context.
-_SESSION: CacheSession | None = None
-_SESSION_LOCK = threading.Lock()
-
-
-# How many callers currently construct datasets on a rank that does not build, after the
-# builders reported success (a process-wide count, for the same reason as _SESSION).
-_TRUSTING = 0
-# Directories whose abandoned temporary files this process has already looked for.
-_SWEPT: set[str] = set()
+@contextlib.contextmanager
+def trusting_builder(evidence: bytes | Mapping[str, bytes] | None) -> Iterator[None]:
+    """Within the block, this build runs as a rank that does not build, after the cache-building
+    ranks checked (or rebuilt) their entries and said so through a collective
+    (`tokenmill.common.distributed.build_and_vouch`), handing over `evidence`: the digest of
+    each entry they checked (:func:`vouching`, :func:`encode_evidence`). An entry whose copy
+    here has that digest (its description and data-fingerprint sidecar, one small read) skips
+    the data fingerprint and the value checks: the open is a constant number of filesystem
+    calls. Any other entry (a node-local copy, a node mirror or an ``s3://`` copy that is not
+    the one the builders checked, or no evidence at all) is checked as if nobody had."""
+    found = decode_evidence(evidence) if isinstance(evidence, bytes) else evidence
+    with build_context() as context:
+        previous, context.evidence = context.evidence, dict(found or {})
+        try:
+            yield
+        finally:
+            context.evidence = previous
 
 
 @contextlib.contextmanager
-def trusting_builder() -> Iterator[None]:
-    """Within the block, ranks that do not build skip the data fingerprint and the value checks
-    of each entry: the cache-building ranks checked (or rebuilt) it and said so through a
-    collective
-    (`tokenmill.common.distributed.build_then_share`). Their open is then a constant number of
-    filesystem calls per entry."""
-    global _TRUSTING
-    with _SESSION_LOCK:
-        _TRUSTING += 1
+def vouching() -> Iterator[dict[str, bytes]]:
+    """Within the block, every entry this build checks or builds records its digest
+    (`cache_writes.entry_digest`) in the dict yielded, for a collective to hand to the ranks
+    that trust this builder (:func:`trusting_builder`). The digests also reach an enclosing
+    block's dict."""
+    with build_context() as context:
+        previous = context.vouched
+        collected: dict[str, bytes] = {}
+        context.vouched = collected
+        try:
+            yield collected
+        finally:
+            context.vouched = previous
+            if previous is not None:
+                with context.lock:
+                    previous.update(collected)
+
+
+def encode_evidence(digests: Mapping[str, bytes]) -> bytes:
+    """The digests of :func:`vouching` as bytes for a collective."""
+    return json.dumps({base: digest.hex() for base, digest in digests.items()}).encode("ascii")
+
+
+def decode_evidence(evidence: bytes) -> dict[str, bytes]:
+    """:func:`encode_evidence`'s bytes back as digests (nothing, if they are not valid)."""
     try:
-        yield
-    finally:
-        with _SESSION_LOCK:
-            _TRUSTING -= 1
+        found = json.loads(evidence.decode("ascii"))
+        return {str(base): bytes.fromhex(digest) for base, digest in found.items()}
+    except (ValueError, AttributeError, TypeError):  # trust nothing that does not parse
+        return {}
 
 
 def builders_verified() -> bool:
-    """Whether this thread of work runs inside :func:`trusting_builder` (a rank that does not
-    build, after the builders reported success): their checks of the data need not run again."""
-    return _TRUSTING > 0
+    """Whether this work runs inside :func:`trusting_builder` (a rank that does not build, after
+    the builders reported success)."""
+    context = current_context()
+    return context is not None and context.evidence is not None
+
+
+@contextlib.contextmanager
+def once_per_file() -> Iterator[None]:
+    """Within the block (one dataset build), fingerprint and ``stat`` each data file at most
+    once (fingerprint.FileMemo, held by the build context)."""
+    with build_context() as context:
+        if context.memo is not None:
+            yield
+            return
+        context.memo = data_fingerprint.FileMemo()
+        try:
+            yield
+        finally:
+            context.memo = None
+
+
+def _memo() -> data_fingerprint.FileMemo | None:
+    context = current_context()
+    return context.memo if context is not None else None
 
 
 def _read_prefix(path: str | os.PathLike[str], size: int) -> str:
@@ -191,29 +275,14 @@ def _read_prefix(path: str | os.PathLike[str], size: int) -> str:
         os.close(descriptor)
 
 
-# The Path of each cache directory, made once: a blend makes an entry per source, all in the
-# same directory, and a Path costs a parse per construction. Paths are immutable, so shared.
-_DIRECTORY_PATHS: dict[str, Path] = {}
-_MAX_DIRECTORY_PATHS = 256
-
-
-def _directory_path(location: str) -> Path:
-    found = _DIRECTORY_PATHS.get(location)
-    if found is None:
-        if len(_DIRECTORY_PATHS) >= _MAX_DIRECTORY_PATHS:
-            _DIRECTORY_PATHS.clear()
-        found = _DIRECTORY_PATHS[location] = Path(location)
-    return found
-
-
-def _sweep_abandoned(directory: Path) -> None:
+def _sweep_abandoned(directory: Path, context: BuildContext) -> None:
     """Remove the temporary files in `directory` that provably have no live writer, once per
-    process and directory (a directory scan per entry made cold starts quadratic)."""
+    build and directory (a directory scan per entry made cold starts quadratic)."""
     key = os.fspath(directory)  # a Path hashes through its parsed parts: slower
-    with _SESSION_LOCK:
-        if key in _SWEPT:
+    with context.lock:
+        if key in context.swept:
             return
-        _SWEPT.add(key)
+        context.swept.add(key)
     try:
         remove_abandoned(directory, lambda name: name.startswith(".") and name.endswith(".tmp"))
     except OSError as error:  # best effort: leftovers are hidden and harmless
@@ -225,18 +294,16 @@ def cache_session(session: CacheSession) -> Iterator[CacheSession]:
     """Make `session` observe (and, with check_only, prevent) every cache write in the block.
 
     Raises:
-        RuntimeError: another session is already active in this process.
+        RuntimeError: another session is already active in this build.
     """
-    global _SESSION
-    with _SESSION_LOCK:
-        if _SESSION is not None:
-            raise RuntimeError("a cache session is already active in this process")
-        _SESSION = session
-    try:
-        yield session
-    finally:
-        with _SESSION_LOCK:
-            _SESSION = None
+    with build_context() as context:
+        if context.session is not None:
+            raise RuntimeError("a cache session is already active in this build")
+        context.session = session
+        try:
+            yield session
+        finally:
+            context.session = None
 
 
 @dataclass(frozen=True)
@@ -251,10 +318,6 @@ class IndexCache:
     _paths: dict[str, Path] = field(default_factory=dict, compare=False, repr=False)
     # the same as strings, for the loads of a warm open (a Path costs a parse per join)
     _files: dict[str, str] = field(default_factory=dict, compare=False, repr=False)
-    # the data check data_proven_unchanged made, for the next load_or_build's (taken once)
-    _checked: list[tuple[tuple[str, ...], list[str], dict[str, Any], dict[str, Any]]] = field(
-        default_factory=list, compare=False, repr=False
-    )
 
     @classmethod
     def create(
@@ -274,7 +337,7 @@ class IndexCache:
             from tokenmill.storage.remote_cache import fetch_cache_entry
 
             location = fetch_cache_entry(location, base, array_names)
-        return cls(_directory_path(location), base, description, tuple(array_names))
+        return cls(Path(location), base, description, tuple(array_names))
 
     def path(self, suffix: str) -> Path:
         found = self._paths.get(suffix)
@@ -301,7 +364,10 @@ class IndexCache:
         return self.path(data_fingerprint.FINGERPRINT_SUFFIX)
 
     def stale_reasons(
-        self, data_prefixes: Sequence[str], recorded_out: dict[str, Any] | None = None
+        self,
+        data_prefixes: Sequence[str],
+        recorded_out: dict[str, Any] | None = None,
+        sidecar_out: list[data_fingerprint.Sidecar] | None = None,
     ) -> tuple[list[str], dict[str, Any]]:
         """Why this entry does not match the current data (see fingerprint.stale_reasons)."""
         return data_fingerprint.stale_reasons(
@@ -309,6 +375,8 @@ class IndexCache:
             self._file(data_fingerprint.FINGERPRINT_SUFFIX),
             self._file("description.txt"),
             recorded_out,
+            _memo(),
+            sidecar_out,
         )
 
     def data_proven_unchanged(self, data_prefixes: Sequence[str]) -> bool:
@@ -318,35 +386,48 @@ class IndexCache:
         proven `.idx` needs no second scan (`formats.megatron.deferred_index_scans`).
 
         False without a valid sidecar, looked for with no probe where the enclosing batch's
-        listing shows none (cache_writes.batch_listing). The check is the one the next
-        load_or_build of this entry makes: its result is kept for that call."""
+        listing shows none (cache_writes.batch_listing). Inside a build, the check is the one
+        the next load_or_build of this entry makes: the build's memo keeps it for that call."""
         listing = batch_listing(os.fspath(self.directory))
-        if (
-            listing is not None
-            and f"{self.base}-{data_fingerprint.FINGERPRINT_SUFFIX}" not in listing
-        ):
+        sidecar = self._file(data_fingerprint.FINGERPRINT_SUFFIX)
+        if listing is not None and os.path.basename(sidecar) not in listing:
             return False
-        verdict = data_fingerprint.sidecar_verdict(
-            data_prefixes, self._file(data_fingerprint.FINGERPRINT_SUFFIX)
-        )
+        memo = _memo()
+        verdict = data_fingerprint.sidecar_verdict(data_prefixes, sidecar, memo)
         if verdict is None:
             return False
-        reasons, current, recorded, proven = verdict
-        self._checked[:] = [(tuple(data_prefixes), reasons, current, recorded)]
-        return proven
+        if memo is not None:
+            memo.verdicts[sidecar] = (tuple(data_prefixes), verdict)
+        return verdict[3]
 
     def _stale_reasons_once(
-        self, data_prefixes: Sequence[str], recorded_out: dict[str, Any] | None
+        self,
+        data_prefixes: Sequence[str],
+        recorded_out: dict[str, Any] | None,
+        sidecar_out: list[data_fingerprint.Sidecar] | None,
     ) -> tuple[list[str], dict[str, Any]]:
         """stale_reasons, or the result data_proven_unchanged kept for these prefixes (taken
         once: a later check looks again)."""
-        checked = self._checked.pop() if self._checked else None
-        if checked is not None and checked[0] == tuple(data_prefixes):
-            _, reasons, current, recorded = checked
+        memo = _memo()
+        sidecar = self._file(data_fingerprint.FINGERPRINT_SUFFIX)
+        kept = memo.verdicts.pop(sidecar, None) if memo is not None else None
+        if kept is not None and kept[0] == tuple(data_prefixes):
+            reasons, current, dated, _ = kept[1]
             if recorded_out is not None:
-                recorded_out.update(recorded)
+                recorded_out.update(dated.payload)
+            if sidecar_out is not None:
+                sidecar_out.append(dated)
             return list(reasons), current
-        return self.stale_reasons(data_prefixes, recorded_out)
+        return self.stale_reasons(data_prefixes, recorded_out, sidecar_out)
+
+    def _digest_here(self) -> bytes:
+        """entry_digest of this copy: the description as configured (load compares the file
+        with it) and the sidecar's bytes (one read; empty when there is none)."""
+        try:
+            raw, _ = read_whole(self._file(data_fingerprint.FINGERPRINT_SUFFIX), 1 << 24)
+        except FileNotFoundError:
+            raw = b""
+        return entry_digest(self.description, raw if isinstance(raw, bytes) else b"")
 
     def all_present(self) -> bool:
         """megatron-core's notion of a hit: every file exists."""
@@ -373,7 +454,9 @@ class IndexCache:
         Raises:
             ResourceLimitError: out of descriptors or memory maps (the files may be valid).
         """
-        arrays, problems, _ = self._load(specs, check_description, check_values, statuses)
+        context = current_context()
+        full = context is not None and context.session is not None
+        arrays, problems, _ = self._load(specs, check_description, check_values, statuses, full)
         return arrays, problems
 
     def _load(
@@ -382,8 +465,10 @@ class IndexCache:
         check_description: bool,
         check_values: bool,
         statuses: dict[str, dict[str, int]] | None,
+        full: bool = False,
     ) -> tuple[dict[str, npt.NDArray[Any]] | None, list[str], bool | None]:
-        """load(), and whether the description exists (None: not looked at)."""
+        """load(), and whether the description exists (None: not looked at). `full`: every
+        value is checked (a build-cache session)."""
         problems: list[str] = []
         described: bool | None = None
         if check_description:
@@ -413,7 +498,10 @@ class IndexCache:
                     array = load_npy(path)
                 else:
                     array, status = load_npy_and_status(path)
-                    statuses[name] = data_fingerprint.array_status(status)
+                    statuses[name] = {
+                        **data_fingerprint.array_status(status),
+                        "ctime_ns": int(status.st_ctime_ns),
+                    }
             except FileNotFoundError:
                 problems.append(f"{path}: missing")
                 continue
@@ -427,8 +515,8 @@ class IndexCache:
             if problem:
                 problems.append(f"{path}: {problem}")
             arrays[name] = array
-        if not problems and specs and (check_values or _SESSION is not None):
-            problems = self._value_problems(arrays, specs, full=_SESSION is not None)
+        if not problems and specs and (check_values or full):
+            problems = self._value_problems(arrays, specs, full=full)
         return (None, problems, described) if problems else (arrays, [], described)
 
     def _shape_problems(
@@ -494,28 +582,17 @@ class IndexCache:
 
     def load_or_build(
         self,
+        spec: EntrySpec,
         build: Callable[[], Mapping[str, npt.NDArray[Any]]],
-        specs: Mapping[str, ArraySpec] | None,
         *,
         may_build: bool,
-        trust_presence: bool = False,
-        data_prefixes: Sequence[str] = (),
-        data_check: str = "off",
-        kernel_built: bool = False,
     ) -> tuple[dict[str, npt.NDArray[Any]], bool]:
         """Return the cached arrays, building and saving them first if this process may.
 
         Args:
+            spec: what the entry must hold and how its data is checked (:class:`EntrySpec`).
             build: computes the arrays (called at most once, under the lock).
-            specs: what each array must look like.
             may_build: whether this process writes missing caches (rank rule).
-            trust_presence: megatron's fast_cache_load: skip the description comparison.
-            data_prefixes: the `.bin`/`.idx` prefixes the arrays are computed from.
-            data_check: "rebuild", "error" or "off" (fingerprint.POLICIES).
-            kernel_built: `build` returns the output of tokenmill's own index kernels, which
-                the test suite holds to the slow references and to megatron-core: its values
-                are not checked again before they are saved (dtype and shape still are). Values
-                loaded from disk are always checked (or vouched for by the sidecar).
 
         Returns:
             (arrays, built) where built says whether this call computed them.
@@ -526,16 +603,37 @@ class IndexCache:
                 rebuilt here (data_check "error", or a rank that does not build caches).
             ValueError: data_check is not one of fingerprint.POLICIES.
         """
-        if data_check not in data_fingerprint.POLICIES:
+        if spec.data_check not in data_fingerprint.POLICIES:
             raise ValueError(
                 f"cache_data_check must be one of {list(data_fingerprint.POLICIES)}, "
-                f"got {data_check!r}"
+                f"got {spec.data_check!r}"
             )
-        session = _SESSION
+        with build_context() as context:
+            return self._load_or_build(
+                context, build, spec.arrays, may_build, spec.trust_presence,
+                spec.data_prefixes, spec.data_check, spec.kernel_built,
+            )  # fmt: skip
+
+    def _load_or_build(
+        self,
+        context: BuildContext,
+        build: Callable[[], Mapping[str, npt.NDArray[Any]]],
+        specs: Mapping[str, ArraySpec] | None,
+        may_build: bool,
+        trust_presence: bool,
+        data_prefixes: Sequence[str],
+        data_check: str,
+        kernel_built: bool,
+    ) -> tuple[dict[str, npt.NDArray[Any]], bool]:
+        session = context.session
         check_only = session is not None and session.check_only
         started = time.perf_counter()
-        # a rank that does not build trusts the builders' verdict when it has one
-        trusted = not may_build and _TRUSTING > 0
+        # A rank that does not build trusts the builders' check of an entry when the copy it
+        # reads is the one they checked: their digest of it (evidence) equals this copy's.
+        trusted = False
+        if not may_build and context.evidence is not None:
+            expected = context.evidence.get(self.base)
+            trusted = expected is not None and expected == self._digest_here()
         checking = data_check != "off" and len(data_prefixes) > 0 and not trusted
 
         def record(built: bool, saved: bool, problems: Sequence[str]) -> None:
@@ -545,7 +643,7 @@ class IndexCache:
 
         if may_build and not check_only:
             # a killed writer's temporaries go on the next build's first visit (hit or miss)
-            _sweep_abandoned(self.directory)
+            _sweep_abandoned(self.directory, context)
         # With a data check, the values are checked after it, unless the entry's fingerprint
         # sidecar vouches for these very files (fingerprint.vouches_for); a session (build-cache)
         # always checks them.
@@ -563,29 +661,37 @@ class IndexCache:
                 check_description=not trust_presence,
                 check_values=not trusted and not later,
                 statuses=statuses,
+                full=session is not None,
             )
             if described is False and may_build and not check_only:
                 note_batch_miss(os.fspath(self.directory))
         # An existing entry is checked against the data even when its arrays no longer fit the
         # config (new data usually changes their shapes): "error" must never rebuild silently.
         recorded: dict[str, Any] = {}
+        sidecar: list[data_fingerprint.Sidecar] = []
         if described is None and checking:
             described = os.path.isfile(self._file("description.txt"))
         if checking and described:
             arrays, problems = self._check_data(
-                arrays, problems, data_prefixes, data_check, may_build, check_only, recorded
-            )
-        self._checked.clear()  # a check data_proven_unchanged kept is for this call only
+                arrays, problems, data_prefixes, data_check, may_build, check_only, recorded,
+                sidecar,
+            )  # fmt: skip
         if (
             later
             and arrays is not None
             and specs
-            and not data_fingerprint.vouches_for(recorded, statuses or {})
+            and not data_fingerprint.vouches_for(
+                recorded, statuses or {}, sidecar[0].changed_ns if sidecar else None
+            )
         ):
             problems = self._value_problems(arrays, specs, full=False)
             if problems:
                 arrays = None
         if arrays is not None:
+            if context.vouched is not None and may_build and not check_only:
+                raw = sidecar[0].raw if sidecar else None
+                digest = entry_digest(self.description, raw) if raw else self._digest_here()
+                context.record_vouched(self.base, digest)
             record(False, False, ())
             return arrays, False
         if check_only:
@@ -608,11 +714,13 @@ class IndexCache:
                 # another writer may have built it while this process waited for the lock
                 arrays, problems = self.load(specs, check_description=not trust_presence)
                 if arrays is not None and not (checking and self.stale_reasons(data_prefixes)[0]):
+                    context.record_vouched(self.base, self._digest_here())
                     record(False, False, ())
                     return arrays, False
             built = self._build_and_save(
-                build, data_prefixes if checking else (), specs, check_values=not kernel_built
-            )
+                context, build, data_prefixes if checking else (), specs,
+                check_values=not kernel_built,
+            )  # fmt: skip
         record(True, True, problems)
         return built, True
 
@@ -625,15 +733,17 @@ class IndexCache:
         may_build: bool,
         check_only: bool,
         recorded_out: dict[str, Any] | None = None,
+        sidecar_out: list[data_fingerprint.Sidecar] | None = None,
     ) -> tuple[dict[str, npt.NDArray[Any]] | None, list[str]]:
         """An existing entry against the current data: (arrays, problems) to go on with (arrays
         None when the entry must be rebuilt), after adopting an unfingerprinted valid entry.
-        `recorded_out` receives the entry's sidecar payload, if it has a valid one.
+        `recorded_out` receives the entry's sidecar payload, if it has a valid one, and
+        `sidecar_out` the sidecar itself.
 
         Raises:
             StaleCacheError: the data changed and the entry may not be rebuilt here.
         """
-        stale, current = self._stale_reasons_once(data_prefixes, recorded_out)
+        stale, _ = self._stale_reasons_once(data_prefixes, recorded_out, sidecar_out)
         if stale and check_only:
             built_from = (f"{self.description_path}: built from other data: {r}" for r in stale)
             return None, [*problems, *built_from]
@@ -653,17 +763,24 @@ class IndexCache:
             arrays is not None
             and may_build
             and not check_only
+            and data_check == "error"  # the user asked for strict data checks of this cache
             and not recorded_out  # a valid sidecar was read: there is one
             and not self.fingerprint_path.is_file()
         ):
-            # adopt an entry megatron-core (or an older tokenmill) wrote over this data;
-            # best effort: a concurrent builder may clean our temporary file away
+            # adopt an entry megatron-core (or an older tokenmill) wrote over this data: later
+            # checks compare fingerprints, not only mtimes. Only where asked: a read of a
+            # megatron cache otherwise adds nothing to its folder (which may be read-only).
+            # Best effort: a concurrent builder may clean our temporary file away.
             with contextlib.suppress(OSError):
-                data_fingerprint.write_fingerprint(self.fingerprint_path, current)
+                data_fingerprint.write_fingerprint(
+                    self.fingerprint_path,
+                    data_fingerprint.fingerprint_prefixes(data_prefixes, _memo()),
+                )
         return arrays, problems
 
     def _build_and_save(
         self,
+        context: BuildContext,
         build: Callable[[], Mapping[str, npt.NDArray[Any]]],
         data_prefixes: Sequence[str],
         specs: Mapping[str, ArraySpec] | None = None,
@@ -672,9 +789,11 @@ class IndexCache:
         """Build the arrays and write the entry (call under the lock), fingerprinting
         `data_prefixes` first: data that changes during the build is then seen as stale.
         `check_values` False checks only dtypes and shapes (see load_or_build's kernel_built)."""
-        _sweep_abandoned(self.directory)
+        _sweep_abandoned(self.directory, context)
         fingerprint = (
-            data_fingerprint.fingerprint_prefixes(data_prefixes) if data_prefixes else None
+            data_fingerprint.fingerprint_prefixes(data_prefixes, context.memo)
+            if data_prefixes
+            else None
         )
         built = dict(build())
         problems: list[str] = []

@@ -20,6 +20,8 @@ rules of a hit are `tokenmill.index.cache`; the protocol is docs/cache-protocol.
 from __future__ import annotations
 
 import contextlib
+import contextvars
+import hashlib
 import io
 import os
 import threading
@@ -47,15 +49,89 @@ __all__ = [
     "write_entry",
 ]
 
-# The entries written inside deferred_commits(), committed together when it ends: per entry,
-# its data files and its description. Process-wide rather than a contextvar: the builder
-# constructs the members of a blend on a thread pool, and executor threads do not inherit the
-# caller's context.
-_DEFERRED: list[_Entry] | None = None
-# The directories the batch writes in, held open from before its first file there: the commit
-# makes the whole batch durable with one syncfs per filesystem (common.atomic.FilesystemSync).
-_FILESYSTEMS: dict[str, FilesystemSync] = {}
-_DEFERRED_LOCK = threading.Lock()
+
+class _Batch:
+    """The entries written inside one :func:`deferred_commits`, committed together when it ends,
+    with the directories it writes in (held open from before its first file there: the commit
+    makes the whole batch durable with one syncfs per filesystem, common.atomic.FilesystemSync)
+    and the names of each directory at the batch's first miss in it (:func:`batch_listing`)."""
+
+    def __init__(self) -> None:
+        self.entries: list[_Entry] = []
+        self.filesystems: dict[str, FilesystemSync] = {}
+        self.listings: dict[str, frozenset[str]] = {}
+        self.stopped = False  # stop_batch: an earlier failure ended this build
+        self.lock = threading.Lock()  # the builder's pool threads write entries concurrently
+
+
+class BuildContext:
+    """The state of one build: made by whoever builds (the dataset builder, `build-cache`),
+    held in a context variable, and carried into the builder's pool threads by
+    ``contextvars.copy_context().run`` per task, so that it is seen by the work of this build
+    and by nothing else (another thread of the process, another build) -- there is no
+    module-level state in the cache path.
+
+    Attributes:
+        batch: the enclosing :func:`deferred_commits` batch, if any.
+        evidence: on a rank that trusts the builders, the digest of each entry they checked,
+            by entry (:func:`entry_digest`; None: this work trusts no one).
+        vouched: where this builder records the digest of each entry it checked or built, for
+            its collective to hand to the ranks that trust it (None: nobody asks).
+        memo: the fingerprints and stats taken during the build (fingerprint.FileMemo).
+        session: the `CacheSession` observing every cache access (build-cache), if any.
+    """
+
+    def __init__(self) -> None:
+        self.batch: _Batch | None = None
+        self.evidence: Mapping[str, bytes] | None = None
+        self.vouched: dict[str, bytes] | None = None
+        self.memo: data_fingerprint.FileMemo | None = None
+        self.session: Any = None
+        # the cache directories whose abandoned temporary files this build has removed
+        self.swept: set[str] = set()
+        self.lock = threading.Lock()
+
+    def record_vouched(self, base: str, digest: bytes) -> None:
+        vouched = self.vouched
+        if vouched is not None:
+            with self.lock:
+                vouched[base] = digest
+
+
+_CONTEXT: contextvars.ContextVar[BuildContext | None] = contextvars.ContextVar(
+    "tokenmill_build_context", default=None
+)
+
+
+def current_context() -> BuildContext | None:
+    """The build context of this work, if it runs inside one."""
+    return _CONTEXT.get()
+
+
+@contextlib.contextmanager
+def build_context() -> Iterator[BuildContext]:
+    """The enclosing build context, or a new one for the block."""
+    found = _CONTEXT.get()
+    if found is not None:
+        yield found
+        return
+    made = BuildContext()
+    token = _CONTEXT.set(made)
+    try:
+        yield made
+    finally:
+        _CONTEXT.reset(token)
+
+
+def entry_digest(description: str, sidecar: bytes) -> bytes:
+    """What a builder vouches for and a trusting rank compares: 16 bytes of the sha256 of an
+    entry's description and the raw bytes of its data-fingerprint sidecar (empty when it has
+    none). The sidecar names the data files (size, mtimes, ctime, inode, hash) the builder
+    checked and the array files it wrote (size, mtime, inode, generation)."""
+    digest = hashlib.sha256(description.encode("utf-8"))
+    digest.update(b"\0")
+    digest.update(sidecar)
+    return digest.digest()[:16]
 
 
 def _numpy_header(array: npt.NDArray[Any]) -> bytes:
@@ -143,6 +219,9 @@ class _Entry:
         self.sealed = False
         self._sealing = threading.Lock()  # builder threads may seal the same entry
         self._failure: BaseException | None = None
+        # (context, entry, description): whom to tell this entry's digest once committed
+        self.vouch_to: tuple[BuildContext, str, str] | None = None
+        self.sidecar = b""
 
     def files(self) -> list[WrittenFile]:
         return [*self.data_files, self.committing]
@@ -169,6 +248,7 @@ class _Entry:
         text = data_fingerprint.fingerprint_bytes(
             self.fingerprint_path, vouched, made_here=self.fingerprint_made_here
         )
+        self.sidecar = text
         return self.fingerprint_path, (text,)
 
     def add_fingerprint(self, file: WrittenFile) -> None:
@@ -189,6 +269,12 @@ class _Entry:
     def abort(self) -> None:
         for file in self.files():
             file.abort()
+
+    def report_digest(self) -> None:
+        """Record this committed entry's digest in the build context that asked for it."""
+        if self.vouch_to is not None:
+            context, base, description = self.vouch_to
+            context.record_vouched(base, entry_digest(description, self.sidecar))
 
 
 def write_entry(
@@ -216,9 +302,15 @@ def write_entry(
     keeps them all), so later loads of these very files skip the value checks
     (`fingerprint.vouches_for`). `fingerprint_made_here`: see IndexCache.save.
     """
-    background = batch_active()
-    if background:
-        _hold_directory(os.path.dirname(os.path.abspath(description_path)))
+    context = _CONTEXT.get()
+    batch = context.batch if context is not None else None
+    background = batch is not None
+    if batch is not None and batch.stopped:
+        raise BuildStoppedError(
+            f"{os.fspath(description_path)}: not written, the build stopped at an earlier failure"
+        )
+    if batch is not None:
+        _hold_directory(batch, os.path.dirname(os.path.abspath(description_path)))
     names = list(array_paths)
     # every file of the entry handed to the writer in one call (one wake-up of its thread),
     # with the previous entry's fingerprint: its arrays were written while this one was built
@@ -226,7 +318,7 @@ def write_entry(
         (array_paths[name], _npy_chunks(array_paths[name], arrays[name])) for name in names
     ]
     contents.append((description_path, (description.encode("utf-8"),)))
-    previous = _last_entry() if background else None
+    previous = _last_entry(batch) if batch is not None else None
     sealed = None
     if previous is not None:
         with contextlib.suppress(Exception):  # raised when the batch commits (_Entry.finish)
@@ -258,52 +350,72 @@ def write_entry(
         for file in files:
             file.abort()
         raise
-    with _DEFERRED_LOCK:
-        batch = _DEFERRED
-        if batch is not None:
-            batch.append(entry)
-    if batch is None:
+    if context is not None and context.vouched is not None:
+        base = os.path.basename(os.fspath(description_path))[: -len(_DESCRIPTION_SUFFIX)]
+        entry.vouch_to = (context, base, description)
+    if batch is not None:
+        with batch.lock:
+            batch.entries.append(entry)
+    else:
         _commit_entries([entry])
 
 
-def _last_entry() -> _Entry | None:
-    with _DEFERRED_LOCK:
-        return _DEFERRED[-1] if _DEFERRED else None
+_DESCRIPTION_SUFFIX = "-description.txt"
 
 
-def _hold_directory(key: str) -> None:
+def _last_entry(batch: _Batch) -> _Entry | None:
+    with batch.lock:
+        return batch.entries[-1] if batch.entries else None
+
+
+def _current_batch() -> _Batch | None:
+    context = _CONTEXT.get()
+    return context.batch if context is not None else None
+
+
+def _hold_directory(batch: _Batch, key: str) -> None:
     """Open the directory `key` for the batch's syncfs, before the batch writes its first file
     there."""
-    if key in _FILESYSTEMS:
+    if key in batch.filesystems:
         return
     held = FilesystemSync(key)
-    with _DEFERRED_LOCK:
-        if _DEFERRED is None or key in _FILESYSTEMS:
+    with batch.lock:
+        if key in batch.filesystems:
             held.close()
         else:
-            _FILESYSTEMS[key] = held
+            batch.filesystems[key] = held
 
 
 def batch_holds(directory: str | os.PathLike[str]) -> bool:
     """Whether the enclosing :func:`deferred_commits` batch has written in `directory` (which
     therefore exists: the batch holds it open)."""
-    return bool(_FILESYSTEMS) and os.path.abspath(directory) in _FILESYSTEMS
+    batch = _current_batch()
+    return batch is not None and os.path.abspath(directory) in batch.filesystems
 
 
 def batch_has_entries() -> bool:
     """Whether the enclosing :func:`deferred_commits` batch has an entry to commit: a cache
     entry was missing and has been built (the cache is cold)."""
-    return bool(_DEFERRED)
+    batch = _current_batch()
+    return batch is not None and bool(batch.entries)
+
+
+class BuildStoppedError(RuntimeError):
+    """An entry written after :func:`stop_batch`: the build failed before it."""
+
+
+def stop_batch() -> None:
+    """After a failure: the enclosing batch takes no further entry (write_entry raises
+    BuildStoppedError); the entries it holds are still committed when it ends."""
+    batch = _current_batch()
+    if batch is not None:
+        with batch.lock:
+            batch.stopped = True
 
 
 def batch_active() -> bool:
     """Whether entries written now are committed only when a :func:`deferred_commits` ends."""
-    return _DEFERRED is not None
-
-
-# The names in each cache directory when the enclosing batch first missed an entry there
-# (`note_batch_miss`), by directory; emptied when the batch ends.
-_LISTINGS: dict[str, frozenset[str]] = {}
+    return _current_batch() is not None
 
 
 def batch_listing(directory: str) -> frozenset[str] | None:
@@ -313,16 +425,19 @@ def batch_listing(directory: str) -> frozenset[str] | None:
     Why: a cold build of S sources would otherwise probe S missing descriptions, one failed
     open each, in the directory the batch's writer threads are creating files in; each lookup
     waits for the directory's lock behind a create (measured on ext4 at 1,000 sources: 2% of
-    the cold build while creating a file took 13 us, a third of it while it took 340 us). A name absent from the listing was not committed when it was taken; one
-    committed since by another builder is built again here, identical bytes, which the cache
-    protocol allows (docs/cache-protocol.md)."""
-    return _LISTINGS.get(directory) if _DEFERRED is not None else None
+    the cold build while creating a file took 13 us, a third of it while it took 340 us). A
+    name absent from the listing was not committed when it was taken; one committed since by
+    another builder is built again here, identical bytes, which the cache protocol allows
+    (docs/cache-protocol.md)."""
+    batch = _current_batch()
+    return batch.listings.get(directory) if batch is not None else None
 
 
 def note_batch_miss(directory: str) -> None:
     """Record that the enclosing batch missed an entry in `directory`: list it, once per batch
     (see :func:`batch_listing`). Best effort: an unlistable directory is probed per entry."""
-    if _DEFERRED is None or directory in _LISTINGS:
+    batch = _current_batch()
+    if batch is None or directory in batch.listings:
         return
     try:
         names = frozenset(os.listdir(directory))
@@ -330,9 +445,8 @@ def note_batch_miss(directory: str) -> None:
         names = frozenset()  # no directory yet: nothing committed in it
     except OSError:
         return
-    with _DEFERRED_LOCK:
-        if _DEFERRED is not None:
-            _LISTINGS.setdefault(directory, names)
+    with batch.lock:
+        batch.listings.setdefault(directory, names)
 
 
 @contextlib.contextmanager
@@ -343,33 +457,29 @@ def deferred_commits() -> Iterator[None]:
     fsyncs per entry. Every entry's data files are renamed before any description (the commit
     point), and the directory is fsynced once per round.
 
-    Entries written in the block are used from memory by this process and become visible to
+    The batch belongs to the block's build context (:class:`BuildContext`): the work of this
+    build (its pool threads run in a copy of the context) writes into it; another thread of
+    the process, outside the context, commits its entries at once as if no batch were open.
+    Entries written in the block are used from memory by this build and become visible to
     others when it ends: the builder wraps its whole batch in it, before its collective reports
     success. Entries completed before an exception are still committed (each is complete and
     checked). Nested blocks join the outermost one.
     """
-    global _DEFERRED
-    with _DEFERRED_LOCK:
-        outermost = _DEFERRED is None
-        if outermost:
-            _DEFERRED = []
-    if not outermost:
-        yield
-        return
-    try:
-        yield
-    finally:
-        with _DEFERRED_LOCK:
-            entries, _DEFERRED = _DEFERRED or [], None
-            filesystems = list(_FILESYSTEMS.values())
-            _FILESYSTEMS.clear()
-            _LISTINGS.clear()
+    with build_context() as context:
+        if context.batch is not None:
+            yield
+            return
+        batch = context.batch = _Batch()
         try:
-            if entries:
-                _commit_entries(entries, filesystems)
+            yield
         finally:
-            for held in filesystems:
-                held.close()
+            context.batch = None
+            try:
+                if batch.entries:
+                    _commit_entries(batch.entries, list(batch.filesystems.values()))
+            finally:
+                for held in batch.filesystems.values():
+                    held.close()
 
 
 def _commit_entries(entries: Sequence[_Entry], filesystems: Sequence[FilesystemSync] = ()) -> None:
@@ -396,6 +506,8 @@ def _commit_entries(entries: Sequence[_Entry], filesystems: Sequence[FilesystemS
         synced = sync_filesystems([*data_files, *descriptions], filesystems)
         commit_together(data_files, synced=synced)
         commit_together(descriptions, synced=synced)
+        for entry in complete:
+            entry.report_digest()
     finally:
         for entry in entries:
             entry.abort()  # no-op after commit

@@ -44,13 +44,11 @@ Public API (used by the dataset caches and by ``tokenmill build-cache --check``)
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
-import threading
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from typing import Any
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, NamedTuple
 
 from tokenmill.common.atomic import FileStatus, WrittenFile
 from tokenmill.common.sidecar import check_header
@@ -66,12 +64,13 @@ __all__ = [
     "POLICIES",
     "SAMPLE_BYTES",
     "VERSION",
+    "FileMemo",
+    "Sidecar",
     "array_status",
     "differences",
     "fingerprint_bytes",
     "fingerprint_file",
     "fingerprint_prefixes",
-    "once_per_file",
     "read_fingerprint",
     "sidecar_verdict",
     "stale_reasons",
@@ -99,6 +98,8 @@ POLICIES = ("rebuild", "error", "off")
 _FILE_FIELDS = ("size", "mtime_ns", "sample_sha256")
 # Recorded beside them (optional): what lets a later check trust a file's stat (`_unchanged`).
 _IDENTITY_FIELDS = ("ctime_ns", "inode")
+# The whole-file hash of an `.idx` (optional: older sidecars lack it; compared when both have it)
+_WHOLE_FIELD = "sha256"
 
 
 def _read_at(descriptor: int, size: int, offset: int) -> bytes:
@@ -112,8 +113,13 @@ def _read_at(descriptor: int, size: int, offset: int) -> bytes:
     return data
 
 
+_WHOLE_CHUNK = 1 << 20
+
+
 def fingerprint_file(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """Size, modification time (ns) and sha256 of the first and last :data:`SAMPLE_BYTES`.
+    """Size, modification time (ns) and sha256 of the first and last :data:`SAMPLE_BYTES`;
+    for an ``.idx`` (what the index arrays are computed from) also the sha256 of the whole file
+    (``sha256``).
 
     Raises:
         FileNotFoundError: the file does not exist.
@@ -127,15 +133,29 @@ def fingerprint_file(path: str | os.PathLike[str]) -> dict[str, Any]:
         if status.st_size > SAMPLE_BYTES:
             start = max(SAMPLE_BYTES, status.st_size - SAMPLE_BYTES)
             digest.update(_read_at(descriptor, status.st_size - start, start))
+        whole = _whole_sha256(descriptor) if os.fspath(path).endswith(".idx") else None
     finally:
         os.close(descriptor)
-    return {
+    found = {
         "size": int(status.st_size),
         "mtime_ns": int(status.st_mtime_ns),
         "sample_sha256": digest.hexdigest(),
         "ctime_ns": int(status.st_ctime_ns),
         "inode": int(status.st_ino),
     }
+    if whole is not None:
+        found["sha256"] = whole
+    return found
+
+
+def _whole_sha256(descriptor: int) -> str:
+    """The sha256 of everything the descriptor's file holds (hashlib releases the GIL)."""
+    digest = hashlib.sha256()
+    offset = 0
+    while chunk := os.pread(descriptor, _WHOLE_CHUNK, offset):
+        digest.update(chunk)
+        offset += len(chunk)
+    return digest.hexdigest()
 
 
 # How long before its sidecar was written a file's last change must be for the file's stat
@@ -161,65 +181,49 @@ def _unchanged(status: os.stat_result, recorded: Mapping[str, Any], written_ns: 
     )
 
 
-# The fingerprints taken inside `once_per_file` blocks (None outside them). A blend's entry
-# names every member's files, so without it a blend of S sources fingerprints 2S files again for
-# each of its entries after each member's own entry did.
-_MEMO: dict[str, dict[str, Any]] | None = None
-# ... and the `stat` of each data file, taken once per block: a blend's entry checks the 2S
-# files its members' entries have just checked
-_STAT_MEMO: dict[str, os.stat_result] | None = None
-_MEMO_DEPTH = 0
-_MEMO_LOCK = threading.Lock()
+class FileMemo:
+    """The fingerprint and ``stat`` of each data file, taken at most once during one build (held
+    by its build context, `cache_writes.BuildContext`): a blend's entry names every member's
+    files, so without it a blend of S sources fingerprints 2S files again for each of its
+    entries after each member's own entry did. The data is assumed not to change during the
+    build (a change is seen by the next build)."""
+
+    def __init__(self) -> None:
+        self.fingerprints: dict[str, dict[str, Any]] = {}
+        self.stats: dict[str, os.stat_result] = {}
+        # sidecar_verdict's result by sidecar path, kept by a check made before an entry's
+        # load (the .idx scan's settling) for that load's own check (taken once)
+        self.verdicts: dict[str, tuple[tuple[str, ...], Any]] = {}
 
 
-@contextlib.contextmanager
-def once_per_file() -> Iterator[None]:
-    """Within the block (one dataset build), fingerprint and ``stat`` each data file at most
-    once; the data is assumed not to change during the build (a change is seen by the next
-    build)."""
-    global _MEMO, _STAT_MEMO, _MEMO_DEPTH
-    with _MEMO_LOCK:
-        _MEMO_DEPTH += 1
-        if _MEMO is None:
-            _MEMO, _STAT_MEMO = {}, {}
-    try:
-        yield
-    finally:
-        with _MEMO_LOCK:
-            _MEMO_DEPTH -= 1
-            if _MEMO_DEPTH == 0:
-                _MEMO = _STAT_MEMO = None
-
-
-def _stat_once(path: str) -> os.stat_result:
-    """``os.stat(path)``, taken at most once inside a `once_per_file` block."""
-    memo = _STAT_MEMO
+def _stat_once(path: str, memo: FileMemo | None) -> os.stat_result:
+    """``os.stat(path)``, taken at most once per `memo`."""
     if memo is None:
         return os.stat(path)
-    found = memo.get(path)
+    found = memo.stats.get(path)
     if found is None:
-        found = memo[path] = os.stat(path)
+        found = memo.stats[path] = os.stat(path)
     return found
 
 
-def _fingerprint_once(path: str) -> dict[str, Any]:
-    memo = _MEMO
+def _fingerprint_once(path: str, memo: FileMemo | None) -> dict[str, Any]:
     if memo is None:
         return fingerprint_file(path)
-    found = memo.get(path)
+    found = memo.fingerprints.get(path)
     if found is None:
-        found = memo[path] = fingerprint_file(path)
+        found = memo.fingerprints[path] = fingerprint_file(path)
     return dict(found)
 
 
-def fingerprint_prefixes(prefixes: Iterable[str]) -> dict[str, Any]:
-    """The fingerprint payload of the ``.bin`` and ``.idx`` of each dataset prefix.
+def fingerprint_prefixes(prefixes: Iterable[str], memo: FileMemo | None = None) -> dict[str, Any]:
+    """The fingerprint payload of the ``.bin`` and ``.idx`` of each dataset prefix (each file
+    fingerprinted at most once per `memo`).
 
     Raises:
         FileNotFoundError: a data file does not exist.
     """
     datasets = {
-        prefix: {suffix: _fingerprint_once(prefix + suffix) for suffix in DATA_SUFFIXES}
+        prefix: {suffix: _fingerprint_once(prefix + suffix, memo) for suffix in DATA_SUFFIXES}
         for prefix in prefixes
     }
     return {"format": FORMAT, "version": VERSION, "datasets": datasets}
@@ -244,7 +248,10 @@ def differences(recorded: Mapping[str, Any], current: Mapping[str, Any]) -> list
             if before is None or after is None:
                 found.append(f"{prefix}{suffix}: recorded {before!r}, now {after!r}")
                 continue
-            for field in _FILE_FIELDS:
+            fields: tuple[str, ...] = _FILE_FIELDS
+            if _WHOLE_FIELD in before and _WHOLE_FIELD in after:
+                fields = (*_FILE_FIELDS, _WHOLE_FIELD)
+            for field in fields:
                 if before.get(field) != after.get(field):
                     found.append(
                         f"{prefix}{suffix}: {field} was {before.get(field)!r}, "
@@ -263,12 +270,21 @@ def read_fingerprint(path: str | os.PathLike[str]) -> dict[str, Any] | None:
     return None if found is None else found[0]
 
 
+class Sidecar(NamedTuple):
+    """A valid sidecar: its payload, its mtime (ns) and its raw bytes."""
+
+    payload: dict[str, Any]
+    written_ns: int
+    raw: bytes
+    changed_ns: int  # its st_ctime_ns: no array it vouches for changed after it
+
+
 # A sidecar names two files per dataset: a blend of 10,000 sources writes about 3 MB.
 _MAX_SIDECAR_BYTES = 1 << 24
 
 
-def _read_fingerprint_dated(path: str | os.PathLike[str]) -> tuple[dict[str, Any], int] | None:
-    """(payload, the sidecar's mtime in ns), or None if there is no sidecar."""
+def _read_fingerprint_dated(path: str | os.PathLike[str]) -> Sidecar | None:
+    """The sidecar at `path`, or None if there is none."""
     path = os.fspath(path)
     # one call (open, fstat, read, close without the GIL): a warm start reads one per entry
     try:
@@ -285,11 +301,11 @@ def _read_fingerprint_dated(path: str | os.PathLike[str]) -> tuple[dict[str, Any
     except (UnicodeDecodeError, ValueError, RecursionError) as error:
         raise DataFormatError(f"{path}: not a JSON fingerprint ({error})") from None
     _validate(payload, path)
-    return dict(payload), int(status.st_mtime_ns)
+    return Sidecar(dict(payload), int(status.st_mtime_ns), raw, int(status.st_ctime_ns))
 
 
 def _current_against(
-    recorded: Mapping[str, Any], written_ns: int, prefixes: Iterable[str]
+    recorded: Mapping[str, Any], written_ns: int, prefixes: Iterable[str], memo: FileMemo | None
 ) -> tuple[dict[str, Any], bool]:
     """The current fingerprint payload of `prefixes`, taking each file's recorded fingerprint
     when its stat proves it unchanged (:func:`_unchanged`: one ``stat``, no read) and hashing
@@ -302,10 +318,10 @@ def _current_against(
         for suffix in DATA_SUFFIXES:
             path = prefix + suffix
             entry = old.get(prefix, {}).get(suffix) if isinstance(old.get(prefix), dict) else None
-            if isinstance(entry, dict) and _unchanged(_stat_once(path), entry, written_ns):
+            if isinstance(entry, dict) and _unchanged(_stat_once(path, memo), entry, written_ns):
                 files[suffix] = dict(entry)
             else:
-                files[suffix] = _fingerprint_once(path)
+                files[suffix] = _fingerprint_once(path, memo)
                 all_unchanged = False
         datasets[prefix] = files
     return {"format": FORMAT, "version": VERSION, "datasets": datasets}, all_unchanged
@@ -333,8 +349,19 @@ def array_status(status: FileStatus) -> dict[str, int]:
     return record
 
 
-def vouches_for(recorded: Mapping[str, Any] | None, current: Mapping[str, dict[str, int]]) -> bool:
-    """Whether a sidecar's ``arrays`` record names exactly the files now in place.
+def vouches_for(
+    recorded: Mapping[str, Any] | None,
+    current: Mapping[str, dict[str, int]],
+    sealed_ns: int | None = None,
+) -> bool:
+    """Whether a sidecar's ``arrays`` record names exactly the files now in place, unchanged
+    since the sidecar was written.
+
+    `current`: each array file's :func:`array_status` plus its ``ctime_ns``; `sealed_ns`: the
+    sidecar's own ctime. The builder writes the sidecar after the arrays (renamed, or written in
+    place, before it), so an array file whose ctime is later than the sidecar's was changed
+    since: a rewrite in place that put its mtime back (``touch -d``, ``cp -p``) cannot set the
+    ctime back. Without `sealed_ns` the record does not vouch.
 
     The builder that wrote the sidecar checked every value of the arrays it built (or built them
     with tokenmill's own kernels) and recorded, for each array file it wrote, its size, mtime,
@@ -348,9 +375,13 @@ def vouches_for(recorded: Mapping[str, Any] | None, current: Mapping[str, dict[s
     other fields.
     """
     arrays = recorded.get("arrays") if recorded is not None else None
-    if not isinstance(arrays, dict) or not current:
+    if not isinstance(arrays, dict) or not current or sealed_ns is None:
         return False
-    for name, status in current.items():
+    for name, found in current.items():
+        status = dict(found)
+        changed = status.pop("ctime_ns", None)
+        if changed is None or changed > sealed_ns:
+            return False
         record = arrays.get(name)
         if isinstance(record, dict) and ARRAY_GENERATION not in record:
             # recorded before generations were: compare the other fields
@@ -369,7 +400,8 @@ _ABSENT = object()
 _ARRAY_FIELD_SET = frozenset(ARRAY_FIELDS)
 _ARRAY_FIELD_SET_WITH_GENERATION = frozenset((*ARRAY_FIELDS, ARRAY_GENERATION))
 _DATA_SUFFIX_SET = frozenset(DATA_SUFFIXES)
-_ALL_FILE_FIELDS = (*_FILE_FIELDS, *_IDENTITY_FIELDS)
+_ALL_FILE_FIELDS = (*_FILE_FIELDS, *_IDENTITY_FIELDS, _WHOLE_FIELD)
+_OPTIONAL_FILE_FIELDS = (*_IDENTITY_FIELDS, _WHOLE_FIELD)
 
 
 def _check_fields(
@@ -386,7 +418,7 @@ def _check_fields(
         value = entry.get(field, _ABSENT)
         if value is _ABSENT and field in optional:
             continue
-        if field == "sample_sha256":
+        if field in ("sample_sha256", _WHOLE_FIELD):
             if type(value) is str:
                 continue
         elif type(value) is int and value >= 0:
@@ -430,13 +462,13 @@ def _validate(payload: Any, path: str) -> None:
         for suffix, entry in files.items():
             if not isinstance(entry, dict):
                 raise DataFormatError(f"{path}: {prefix}{suffix} must be an object")
-            # the identity fields are optional (older sidecars, adopted entries)
+            # the identity fields and the whole hash are optional (older sidecars)
             _check_fields(
                 entry,
                 _ALL_FILE_FIELDS,
                 ("{}{}", prefix, suffix),
                 path,
-                optional=_IDENTITY_FIELDS,
+                optional=_OPTIONAL_FILE_FIELDS,
             )
 
 
@@ -472,10 +504,10 @@ def write_fingerprint(path: str | os.PathLike[str], payload: Mapping[str, Any]) 
 
 
 def sidecar_verdict(
-    prefixes: Iterable[str], sidecar: str | os.PathLike[str]
-) -> tuple[list[str], dict[str, Any], dict[str, Any], bool] | None:
-    """The data check of an entry against its sidecar: (reasons, current payload, recorded
-    payload, proven), or None when there is no valid sidecar (nothing is fingerprinted then).
+    prefixes: Iterable[str], sidecar: str | os.PathLike[str], memo: FileMemo | None = None
+) -> tuple[list[str], dict[str, Any], Sidecar, bool] | None:
+    """The data check of an entry against its sidecar: (reasons, current payload, the sidecar,
+    proven), or None when there is no valid sidecar (nothing is fingerprinted then).
     `proven`: the sidecar proves by `stat` alone that every data file is the one its builder
     fingerprinted (:func:`_unchanged`: no sampled hash was needed).
 
@@ -488,16 +520,15 @@ def sidecar_verdict(
         return None
     if dated is None:
         return None
-    recorded, written_ns = dated
-    reasons, current, proven = _against(recorded, written_ns, prefixes)
-    return reasons, current, recorded, proven
+    reasons, current, proven = _against(dated.payload, dated.written_ns, prefixes, memo)
+    return reasons, current, dated, proven
 
 
 def _against(
-    recorded: Mapping[str, Any], written_ns: int, prefixes: Iterable[str]
+    recorded: Mapping[str, Any], written_ns: int, prefixes: Iterable[str], memo: FileMemo | None
 ) -> tuple[list[str], dict[str, Any], bool]:
     """(reasons, current payload, proven by stat alone) of `prefixes` against a sidecar."""
-    current, all_unchanged = _current_against(recorded, written_ns, prefixes)
+    current, all_unchanged = _current_against(recorded, written_ns, prefixes, memo)
     if all_unchanged and len(current["datasets"]) == len(recorded["datasets"]):
         # every recorded file is a current one, proven unchanged, and none is missing (the
         # prefixes are distinct keys of both): nothing to compare
@@ -510,6 +541,8 @@ def stale_reasons(
     sidecar: str | os.PathLike[str],
     description: str | os.PathLike[str],
     recorded_out: dict[str, Any] | None = None,
+    memo: FileMemo | None = None,
+    sidecar_out: list[Sidecar] | None = None,
 ) -> tuple[list[str], dict[str, Any]]:
     """Why a cache entry no longer matches its data (empty when it is fresh).
 
@@ -518,9 +551,11 @@ def stale_reasons(
         sidecar: the entry's fingerprint sidecar (may be missing).
         description: the entry's description file, whose mtime dates an entry without sidecar.
         recorded_out: if given, receives the sidecar's payload (when there is a valid one).
+        memo: fingerprints and stats already taken in this build.
+        sidecar_out: if given, receives the sidecar (when there is a valid one).
 
     Returns:
-        (reasons, current fingerprint payload).
+        (reasons, current fingerprint payload: without a sidecar, one naming no dataset).
 
     Raises:
         FileNotFoundError: a data file is missing.
@@ -529,26 +564,30 @@ def stale_reasons(
     try:
         dated = _read_fingerprint_dated(sidecar)
     except DataFormatError as error:
-        return [str(error)], fingerprint_prefixes(prefixes)
+        return [str(error)], fingerprint_prefixes(prefixes, memo)
     if dated is not None:
-        recorded, written_ns = dated
         if recorded_out is not None:
-            recorded_out.update(recorded)
-        reasons, current, _ = _against(recorded, written_ns, prefixes)
-        return reasons, current
-    current = fingerprint_prefixes(prefixes)
+            recorded_out.update(dated.payload)
+        if sidecar_out is not None:
+            sidecar_out.append(dated)
+        reasons, compared, _ = _against(dated.payload, dated.written_ns, prefixes, memo)
+        return reasons, compared
     # No sidecar: megatron-core (or an older tokenmill) wrote the entry. Accept it only if the
     # data predates it; a data file written after the entry cannot be what it was built from.
+    # One stat per data file, nothing read: the current payload stays empty (the caller
+    # fingerprints the data itself if it adopts the entry).
+    current: dict[str, Any] = {"format": FORMAT, "version": VERSION, "datasets": {}}
     try:
         built_ns = os.stat(description).st_mtime_ns
     except FileNotFoundError:
         return [f"{os.fspath(description)}: missing"], current
     reasons = []
-    for prefix, files in current["datasets"].items():
-        for suffix, entry in files.items():
-            if entry["mtime_ns"] > built_ns:
+    for prefix in prefixes:
+        for suffix in DATA_SUFFIXES:
+            modified = _stat_once(prefix + suffix, memo).st_mtime_ns
+            if modified > built_ns:
                 reasons.append(
-                    f"{prefix}{suffix} (modified at {entry['mtime_ns']} ns) is newer than the "
+                    f"{prefix}{suffix} (modified at {modified} ns) is newer than the "
                     f"cache entry {os.fspath(description)} (written at {built_ns} ns) and the "
                     "entry has no data fingerprint"
                 )
