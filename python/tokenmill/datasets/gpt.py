@@ -923,6 +923,7 @@ class GPTDataset(MegatronDataset):
                 pad=int(self._pad_token_id),
                 eod_mask_loss=bool(config.eod_mask_loss),
                 reset_position_ids=bool(config.reset_position_ids),
+                data_path=_bin_path_of(self.dataset),
             )
         self._server = server
         return server
@@ -953,6 +954,12 @@ def _remote_reader(dataset: Any) -> Any:
     hints), or None: local files, mock data, and megatron-core's own readers."""
     reader = getattr(dataset, "bin_reader", None)
     return reader if callable(getattr(reader, "prefetch", None)) else None
+
+
+def _bin_path_of(dataset: Any) -> str:
+    """The `.bin` a low-level dataset maps, for error messages."""
+    prefix = getattr(dataset, "path_prefix", None)
+    return f"{prefix}.bin" if prefix is not None else repr(dataset)
 
 
 def _mapped_tokens(dataset: Any) -> tuple[Any, Any, Any] | None:

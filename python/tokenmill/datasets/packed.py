@@ -43,6 +43,7 @@ from tokenmill.common import distributed
 from tokenmill.common.core_call import core_call
 from tokenmill.common.threads import default_build_threads
 from tokenmill.errors import DataFormatError
+from tokenmill.formats.megatron import shrunk_file_error
 from tokenmill.index.cache import ArraySpec, IndexCache
 from tokenmill.index.cache_checks import packing_checks
 from tokenmill.index.packing import INSERTED_BOS, plan_packing
@@ -439,22 +440,26 @@ class PackedDataset:
             outputs = allocate(server.fields, int(indices.shape[0]), pin_memory=False)
         config = self.config
         pointers, lengths, tokens = native
-        core_call(
-            _core.gather_packed_rows,
-            np.ascontiguousarray(self.entries),
-            np.ascontiguousarray(self.row_offsets),
-            np.ascontiguousarray(self.row_order[indices], dtype=np.int64),
-            pointers,
-            lengths,
-            tokens,
-            config.sequence_length,
-            config.max_documents_per_row,
-            -1 if config.bos_token_id is None else config.bos_token_id,
-            config.pad_token_id,
-            config.label_ignore_index,
-            config.reset_position_ids,
-            **outputs,
-        )
+        try:
+            core_call(
+                _core.gather_packed_rows,
+                np.ascontiguousarray(self.entries),
+                np.ascontiguousarray(self.row_offsets),
+                np.ascontiguousarray(self.row_order[indices], dtype=np.int64),
+                pointers,
+                lengths,
+                tokens,
+                config.sequence_length,
+                config.max_documents_per_row,
+                -1 if config.bos_token_id is None else config.bos_token_id,
+                config.pad_token_id,
+                config.label_ignore_index,
+                config.reset_position_ids,
+                **outputs,
+            )
+        except _core.MappedReadFault as fault:  # the C++ guard caught a SIGBUS: the .bin shrank
+            prefix = getattr(self.dataset, "path_prefix", "<tokens>")
+            raise shrunk_file_error(f"{prefix}.bin", int(tokens.nbytes), fault) from None
         if config.bos_aligned:
             bad_rows = np.flatnonzero(outputs["input_ids"][:, 0] != config.bos_token_id)
             if bad_rows.size:

@@ -55,6 +55,7 @@ from typing import Any, TypeVar
 import numpy
 import numpy.typing as npt
 
+from tokenmill import _core
 from tokenmill.common.mapping import map_readonly, resource_error
 from tokenmill.errors import DataFormatError
 from tokenmill.formats.megatron_builder import IndexedDatasetBuilder
@@ -84,6 +85,7 @@ __all__ = [
     "get_bin_path",
     "get_idx_path",
     "index_scan_pending",
+    "shrunk_file_error",
 ]
 
 
@@ -110,6 +112,20 @@ def _open_bin(bin_path: str) -> int:
 
 def _bin_status(bin_path: str) -> os.stat_result:
     return _on_bin(os.stat, bin_path)
+
+
+def shrunk_file_error(path: str, mapped_size: int, fault: BaseException) -> DataFormatError:
+    """The error for a read of the mapped `path` (`mapped_size` bytes when mapped) that faulted
+    (tokenmill._core.MappedReadFault, a SIGBUS turned into an exception): the file shrank
+    underneath the reader."""
+    try:
+        now = f"{os.stat(path).st_size} bytes"
+    except OSError as error:
+        now = f"gone ({error.strerror})"
+    return DataFormatError(
+        f"{path}: data file is now {now}, but it was {mapped_size} bytes when mapped; it was "
+        f"truncated or rewritten in place while a dataset read it ({fault})"
+    )
 
 
 # The datasets whose .idx scan is postponed in this thread (deferred_index_scans), or None.
@@ -430,6 +446,15 @@ class IndexedDataset:
             self._map_bin()
         tokens_view = self._token_view
         if tokens_view is not None:
+            if count:
+                # a view is read by the caller, where a SIGBUS cannot be caught: touch its last
+                # byte and the next page first (a file shrunk below them raises here instead)
+                try:
+                    _core.probe_mapped(tokens_view, byte_offset, end)
+                except _core.MappedReadFault as fault:
+                    raise shrunk_file_error(
+                        get_bin_path(self.path_prefix), self._bin_size, fault
+                    ) from None
             start = byte_offset // self._itemsize
             return tokens_view[start : start + count]
         tokens = numpy.empty(count, dtype=self.dtype)

@@ -1,0 +1,126 @@
+"""Hostile inputs, round two (issue 37): files that change under a reader, planted links and
+special files, resource bombs, escaping manifests, strict configs and clear errors.
+
+Cases that could crash or hang the process run in a child under a timeout; the bomb and sparse
+cases read back the child's peak RSS (`ru_maxrss`) against a 1 GiB budget.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).parent
+RSS_BUDGET_MIB = 1024
+
+
+def run_child(script: str, *args: str, timeout: float = 120) -> dict[str, object]:
+    """Run `script` in a fresh interpreter (tests/ on its path); its last stdout line is a JSON
+    report, to which the child's peak RSS (MiB) is added. A signal death or a hang fails."""
+    wrapped = (
+        "import json, resource, sys\n"
+        f"sys.path.insert(0, {str(HERE)!r})\n"
+        + textwrap.dedent(script)
+        + "\nreport['peak_rss_mib'] = "
+        "resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024\n"
+        "print(json.dumps(report))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", wrapped, *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    assert result.returncode == 0, f"exit {result.returncode}: {result.stderr[-3000:]}"
+    report: dict[str, object] = json.loads(result.stdout.strip().splitlines()[-1])
+    return report
+
+
+# -- files that change under a reader ------------------------------------------------------------
+
+_TRUNCATE = """
+import os
+import numpy as np
+from conftest import write_megatron_shard
+from tokenmill.errors import DataFormatError
+
+root, reader, cut = sys.argv[1], sys.argv[2], int(sys.argv[3])
+rng = np.random.default_rng(0)
+prefix = write_megatron_shard(root + "/s", [rng.integers(1, 1000, 3000) for _ in range(20)])
+bin_path = prefix + ".bin"  # 120,000 bytes: 30 pages
+
+
+class Tokenizer:
+    vocab_size, eod = 1000, 0
+    unique_identifiers = {"class": "Tokenizer"}
+
+
+def gpt():
+    from tokenmill import GPTDataset, GPTDatasetConfig, IndexedDataset, Split
+    config = GPTDatasetConfig(
+        random_seed=1, sequence_length=512, tokenizer=Tokenizer(), split="1",
+        reset_position_ids=False, reset_attention_mask=False, eod_mask_loss=False,
+        create_attention_mask=False, path_to_cache=None,
+    )
+    data = IndexedDataset(prefix)
+    return GPTDataset(data, prefix, np.arange(len(data), dtype=np.int32), 100, Split.train, config)
+
+
+if reader == "indexed":
+    from tokenmill import IndexedDataset
+    dataset = IndexedDataset(prefix)
+    first = dataset[0].copy()
+    read = lambda: [int(dataset[i].sum()) for i in range(len(dataset))]
+elif reader in ("gpt one", "gpt batch"):
+    dataset = gpt()
+    first = dataset[0]
+    if reader == "gpt one":
+        read = lambda: [int(dataset[i]["tokens"].sum()) for i in range(len(dataset))]
+    else:
+        read = lambda: dataset.__getitems__(list(range(len(dataset))))
+elif reader in ("packed one", "packed batch"):
+    from tokenmill import IndexedDataset
+    from tokenmill.datasets.packed import PackedDataset, PackingConfig
+    dataset = PackedDataset(IndexedDataset(prefix), PackingConfig(sequence_length=512))
+    first = dataset[0]
+    if reader == "packed one":
+        read = lambda: [int(dataset[i]["input_ids"].sum()) for i in range(len(dataset))]
+    else:
+        read = lambda: dataset.__getitems__(list(range(len(dataset))))
+elif reader == "nanogpt":
+    from tokenmill.datasets.nanogpt import NanogptDataset
+    from tokenmill.formats.nanogpt import write_nanogpt_shard
+    bin_path = root + "/n.bin"
+    write_nanogpt_shard(bin_path, rng.integers(1, 1000, 60000).astype(np.uint16))
+    dataset = NanogptDataset(bin_path, seq_len=512)
+    iterator = iter(dataset)
+    first = next(iterator)
+    read = lambda: [int(window["input_ids"].sum()) for window in iterator]
+os.truncate(bin_path, cut)
+try:
+    read()
+    report = {"raised": None}
+except DataFormatError as error:
+    report = {"raised": str(error)}
+"""
+
+
+@pytest.mark.parametrize(
+    "reader", ["indexed", "gpt one", "gpt batch", "packed one", "packed batch", "nanogpt"]
+)
+@pytest.mark.parametrize("cut", [40000, 60001], ids=["page-aligned", "partial-page"])
+def test_a_file_truncated_while_mapped_raises_naming_it(
+    tmp_path: Path, reader: str, cut: int
+) -> None:
+    """A .bin cut while a dataset has it mapped: a DataFormatError naming the file, not SIGBUS
+    (the pages past the cut) and not zeros (the partial page at the cut)."""
+    report = run_child(_TRUNCATE, str(tmp_path), reader, str(cut))
+    raised = report["raised"]
+    assert isinstance(raised, str), report
+    assert ".bin: data file is now" in raised and "truncated or rewritten in place" in raised
