@@ -124,3 +124,59 @@ def test_a_file_truncated_while_mapped_raises_naming_it(
     raised = report["raised"]
     assert isinstance(raised, str), report
     assert ".bin: data file is now" in raised and "truncated or rewritten in place" in raised
+
+
+# -- strict configs and records ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("kind", "text", "message"),
+    [
+        ("yaml", "seed: 1\nchunk_tokens: 8\nseed: 2\n", r"c\.yaml: duplicate key 'seed' at line 3 \(first at line 1\)"),
+        ("yaml", "a:\n  b: 1\n  b: 2\n", r"c\.yaml: duplicate key 'b' at line 3 \(first at line 2\)"),
+        ("json", '{"blend": 1,\n "split": "1",\n "blend": 2}', r"c\.json: duplicate key 'blend' at line 3"),
+    ],
+)  # fmt: skip
+def test_duplicate_config_keys_are_refused_naming_file_key_and_line(
+    kind: str, text: str, message: str
+) -> None:
+    from tokenmill.common.config_text import ConfigTextError, parse_config_text
+
+    with pytest.raises(ConfigTextError, match=message):
+        parse_config_text(text, f"c.{kind}", kind)
+    # a YAML merge key may still be overridden: that is what it is for
+    merged = "base: &b {x: 1, y: 2}\nrun:\n  <<: *b\n  x: 3\n"
+    assert parse_config_text(merged, "m.yaml", "yaml")["run"] == {"x": 3, "y": 2}
+
+
+def test_mixture_files_refuse_duplicate_keys_and_booleans_as_counts(tmp_path: Path) -> None:
+    from tokenmill.datasets.mixture_config import MixtureConfig, MixtureConfigError
+
+    body = "sources:\n  a:\n    paths: [x]\nphases:\n  - name: p0\n    tokens: 100\n    weights: {a: 1.0}\n"
+    (tmp_path / "twice.yaml").write_text("seed: 1\n" + body + "seed: 2\n")
+    with pytest.raises(MixtureConfigError, match=r"twice\.yaml: duplicate key 'seed' at line 9"):
+        MixtureConfig.from_file(tmp_path / "twice.yaml")
+    (tmp_path / "bool.yaml").write_text("seed: 1\nchunk_tokens: true\n" + body)
+    with pytest.raises(
+        MixtureConfigError, match=r"bool\.yaml: chunk_tokens must be an integer, got True"
+    ):
+        MixtureConfig.from_file(tmp_path / "bool.yaml")
+
+
+def test_a_jsonl_record_with_its_text_key_twice_is_refused(tmp_path: Path) -> None:
+    from tokenmill.errors import DataFormatError
+    from tokenmill.tokenize.packed_text import pack_chunk
+    from tokenmill.tokenize.readers import ReadOptions, iter_chunks, read_documents
+
+    path = tmp_path / "in.jsonl"
+    path.write_text('{"text": "one"}\n{"text": "two", "id": 1, "text": "three"}\n')
+    with pytest.raises(
+        DataFormatError, match=r"in\.jsonl: line 2: the key 'text' appears more than once"
+    ):
+        list(read_documents(path))
+    options = ReadOptions()
+    (chunk,) = iter_chunks(str(path), options)
+    with pytest.raises(DataFormatError, match=r"in\.jsonl: line 2: the key 'text' appears more"):
+        pack_chunk(chunk, options)  # the C++ packer leaves the line to the Python reader
+    path.write_text('{"text": "a", "meta": {"text": "nested is fine"}}\n')
+    assert list(read_documents(path)) == ["a"]

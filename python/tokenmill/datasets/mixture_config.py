@@ -75,6 +75,8 @@ def _integer(
 ) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         try:
+            if isinstance(value, bool) or type(value).__name__ == "bool_":  # `true` is no count
+                raise TypeError
             value = operator.index(value)
         except TypeError:
             from tokenmill.common.config_text import shown

@@ -395,6 +395,23 @@ def _decode(data: bytes, path: str, where: str) -> str:
         ) from error
 
 
+def _refuse_repeated_key(raw: bytes, key: str, path: str, number: int) -> None:
+    """DataFormatError if the JSON object `raw` holds the member `key` more than once at its
+    top level (json.loads keeps the last, silently; which text was meant is ambiguous)."""
+    top: list[list[tuple[str, Any]]] = []
+
+    def record_pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
+        top[:] = [items]  # objects are built inside out: the last one is the top level
+        return dict(items)
+
+    json.loads(raw, object_pairs_hook=record_pairs)
+    if top and sum(1 for name, _ in top[0] if name == key) > 1:
+        raise DataFormatError(
+            f"{path}: line {number}: the key {key!r} appears more than once in the record; "
+            "which text is meant is ambiguous"
+        )
+
+
 def parse_chunk(chunk: Chunk, options: ReadOptions) -> list[str]:
     """The documents of a chunk.
 
@@ -439,6 +456,8 @@ def parse_chunk(chunk: Chunk, options: ReadOptions) -> list[str]:
             raise DataFormatError(
                 f"{path}: line {number}: expected a JSON object, got {type(record).__name__}"
             )
+        if raw.count(json.dumps(key).encode()) > 1:
+            _refuse_repeated_key(raw, key, path, number)
         if key not in record:
             raise DataFormatError(
                 f"{path}: line {number}: no key {key!r}; keys are {sorted(record)[:10]} "
