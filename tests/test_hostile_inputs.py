@@ -180,3 +180,113 @@ def test_a_jsonl_record_with_its_text_key_twice_is_refused(tmp_path: Path) -> No
         pack_chunk(chunk, options)  # the C++ packer leaves the line to the Python reader
     path.write_text('{"text": "a", "meta": {"text": "nested is fine"}}\n')
     assert list(read_documents(path)) == ["a"]
+
+
+# -- resource bombs ------------------------------------------------------------------------------
+
+_READ_BOMB = """
+import os, zlib
+from tokenmill.errors import DataFormatError
+from tokenmill.tokenize.readers import read_documents
+
+root, kind = sys.argv[1], sys.argv[2]
+block_mib, blocks = 1 << 20, 1024  # 1 GiB of output
+
+
+def compressed(byte, suffix):
+    if suffix == ".gz":
+        compressor = zlib.compressobj(9, zlib.DEFLATED, 31)
+    else:
+        import zstandard
+        compressor = zstandard.ZstdCompressor(level=3).compressobj()
+    block = byte * block_mib
+    return b"".join([compressor.compress(block) for _ in range(blocks)] + [compressor.flush()])
+
+
+if kind == "long line":  # 300 MiB of one JSON record (a sparse-free plain file)
+    path = root + "/in.jsonl"
+    with open(path, "wb") as stream:
+        stream.write(b'{"text": "')
+        for _ in range(300):
+            stream.write(b"a" * block_mib)
+        stream.write(b'"}\\n')
+elif kind == "line without newline":
+    path = root + "/in.txt"
+    with open(path, "wb") as stream:
+        for _ in range(300):
+            stream.write(b"b" * block_mib)
+elif kind.startswith(("gzip", "zstd")):
+    suffix = ".gz" if kind.startswith("gzip") else ".zst"
+    path = root + "/in.jsonl" + suffix
+    with open(path, "wb") as stream:
+        stream.write(compressed(b"\\n" if kind.endswith("newlines") else b"c", suffix))
+try:
+    from tokenmill.tokenize.readers import ReadOptions
+    options = ReadOptions(txt_mode="line")
+    count = sum(1 for _ in read_documents(path, options))
+    report = {"raised": None, "documents": count}
+except DataFormatError as error:
+    report = {"raised": str(error)}
+"""
+
+
+@pytest.mark.parametrize(
+    ("kind", "message"),
+    [
+        ("long line", r"in\.jsonl: line 1 is longer than 268435456 bytes \(max_record_bytes\)"),
+        ("line without newline", r"in\.txt: line 1 is longer than 268435456 bytes"),
+        ("gzip one line", r"in\.jsonl\.gz: (line 1 is longer|jsonl\.gz decompresses to more)"),
+        ("gzip newlines", r"in\.jsonl\.gz: jsonl\.gz decompresses to more than 200 times"),
+        ("zstd one line", r"in\.jsonl\.zst: (line 1 is longer|jsonl\.zst decompresses to more)"),
+        ("zstd newlines", r"in\.jsonl\.zst: jsonl\.zst decompresses to more than 200 times"),
+    ],
+)
+def test_line_and_decompression_bombs_are_refused_within_memory(
+    tmp_path: Path, kind: str, message: str
+) -> None:
+    import re
+
+    report = run_child(_READ_BOMB, str(tmp_path), kind, timeout=300)
+    assert isinstance(report["raised"], str) and re.search(message, report["raised"]), report
+    assert float(str(report["peak_rss_mib"])) < RSS_BUDGET_MIB, report
+
+
+# -- links and special files ---------------------------------------------------------------------
+
+
+def test_fifo_inputs_are_refused_without_blocking(tmp_path: Path) -> None:
+    """A FIFO named like an input is refused (read directly) or never taken (a directory walk),
+    instead of blocking forever in open()."""
+    import os
+
+    report = run_child(
+        """
+import os
+from tokenmill.errors import DataFormatError
+from tokenmill.tokenize.readers import expand_inputs, read_documents
+root = sys.argv[1]
+os.mkfifo(root + "/planted.jsonl")
+with open(root + "/real.jsonl", "w") as stream:
+    stream.write('{"text": "x"}\\n')
+report = {"walk": [os.path.basename(p) for p in expand_inputs([root])]}
+try:
+    list(read_documents(root + "/planted.jsonl"))
+except DataFormatError as error:
+    report["raised"] = str(error)
+""",
+        str(tmp_path),
+        timeout=60,
+    )
+    assert report["walk"] == ["real.jsonl"], report
+    assert "planted.jsonl: is a FIFO, not a regular file" in str(report["raised"]), report
+    assert os.path.exists(tmp_path / "planted.jsonl")
+
+
+def test_a_recursive_glob_through_a_symlink_loop_reads_each_file_once(tmp_path: Path) -> None:
+    from tokenmill.tokenize.readers import expand_inputs
+
+    (tmp_path / "data" / "sub").mkdir(parents=True)
+    (tmp_path / "data" / "sub" / "a.jsonl").write_text('{"text": "a"}\n')
+    (tmp_path / "data" / "sub" / "loop").symlink_to(tmp_path / "data")  # sub/loop -> data
+    found = expand_inputs([str(tmp_path / "data" / "**" / "*.jsonl")])
+    assert found == [str(tmp_path / "data" / "sub" / "a.jsonl")]

@@ -263,6 +263,8 @@ def part_prefix(parts_directory: str, index: int, count: int) -> str:
 def _job_key(fingerprint: dict[str, Any], options: EncodeOptions, output_format: str) -> str:
     read = asdict(options.read)
     read.pop("chunk_bytes")  # chunking never changes the output
+    for limit in ("max_record_bytes", "max_decompression_ratio"):
+        read.pop(limit)  # a limit refuses or accepts; it never changes what is written
     payload = {
         "tokenizer": fingerprint,
         "read": read,
