@@ -190,7 +190,7 @@ from tokenmill.errors import DataFormatError
 from tokenmill.tokenize.readers import read_documents
 
 root, kind = sys.argv[1], sys.argv[2]
-block_mib, blocks = 1 << 20, 1024  # 1 GiB of output
+block_mib, blocks = 1 << 20, 320  # 320 MiB of output (past the 256 MiB grace)
 
 
 def compressed(byte, suffix):
@@ -290,3 +290,175 @@ def test_a_recursive_glob_through_a_symlink_loop_reads_each_file_once(tmp_path: 
     (tmp_path / "data" / "sub" / "loop").symlink_to(tmp_path / "data")  # sub/loop -> data
     found = expand_inputs([str(tmp_path / "data" / "**" / "*.jsonl")])
     assert found == [str(tmp_path / "data" / "sub" / "a.jsonl")]
+
+
+# -- manifests and downloads ---------------------------------------------------------------------
+
+
+def _manifest_json(objects: list[dict[str, object]]) -> str:
+    return json.dumps(
+        {"format": "tokenmill.manifest", "version": 1, "objects": objects, "config": None}
+    )
+
+
+def _object(key: str, data: bytes, url: str | None = None) -> dict[str, object]:
+    import hashlib
+
+    entry: dict[str, object] = {
+        "key": key,
+        "size": len(data),
+        "sha256": hashlib.sha256(data).hexdigest(),
+    }
+    if url is not None:
+        entry["url"] = url
+    return entry
+
+
+class _HostileServer:
+    """A loopback HTTP server that decodes paths as a real one does ('%2e%2e' climbs), and
+    serves an endless body, a redirect out of the published prefix, and a manifest."""
+
+    def __init__(self, root: Path) -> None:
+        import http.server
+        import posixpath
+        import threading
+        import urllib.parse
+
+        self.root = root
+        outer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def do_GET(self) -> None:
+                path = posixpath.normpath(
+                    urllib.parse.unquote(urllib.parse.urlsplit(self.path).path)
+                )
+                if path == "/pub/endless.bin":
+                    self.send_response(200)
+                    self.end_headers()
+                    try:
+                        for _ in range(4096):  # 64 MiB at most: a guard for the test itself
+                            self.wfile.write(b"x" * (16 << 10))
+                    except (BrokenPipeError, ConnectionResetError):
+                        pass
+                    return
+                if path == "/pub/moved.bin":
+                    self.send_response(302)
+                    self.send_header("Location", f"{outer.url}/secret.txt")
+                    self.end_headers()
+                    return
+                file = outer.root / path.lstrip("/")
+                if not file.is_file():
+                    self.send_error(404)
+                    return
+                data = file.read_bytes()
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def hostile_server(tmp_path: Path) -> object:
+    root = tmp_path / "served"
+    (root / "pub").mkdir(parents=True)
+    (root / "secret.txt").write_bytes(b"private")
+    server = _HostileServer(root)
+    yield server
+    server.close()
+
+
+@pytest.mark.parametrize("where", ["percent-encoded key", "percent-encoded url", "redirect"])
+def test_manifests_cannot_reach_outside_their_location(
+    tmp_path: Path, hostile_server: _HostileServer, where: str
+) -> None:
+    from tokenmill.errors import ObjectStorageError
+    from tokenmill.storage.download import download
+
+    base = f"{hostile_server.url}/pub"
+    entry = {
+        "percent-encoded key": _object("%2e%2e/secret.txt", b"private"),
+        "percent-encoded url": _object("secret.txt", b"private", f"{base}/%2e%2e/secret.txt"),
+        "redirect": _object("moved.bin", b"private"),
+    }[where]
+    (hostile_server.root / "pub" / "manifest.json").write_text(_manifest_json([entry]))
+    destination = tmp_path / "destination"
+    with pytest.raises((ValueError, ObjectStorageError), match=r"refusing|relative path"):
+        download(f"{base}/manifest.json", str(destination), policy=_fast_policy())
+    assert not [p for p in destination.rglob("*") if p.is_file() and b"private" in p.read_bytes()]
+
+
+def _fast_policy() -> object:
+    from tokenmill.storage.transfer import TransferPolicy
+
+    return TransferPolicy(max_attempts=1, timeout=10.0)
+
+
+def test_a_body_longer_than_the_manifest_says_is_cut_off(
+    tmp_path: Path, hostile_server: _HostileServer
+) -> None:
+    from tokenmill.errors import ChecksumError, ObjectStorageError
+    from tokenmill.storage.download import download
+
+    base = f"{hostile_server.url}/pub"
+    (hostile_server.root / "pub" / "manifest.json").write_text(
+        _manifest_json([_object("endless.bin", b"y" * 100)])
+    )
+    destination = tmp_path / "destination"
+    with pytest.raises(
+        (ChecksumError, ObjectStorageError), match="more than the manifest's 100 bytes"
+    ):
+        download(f"{base}/manifest.json", str(destination), policy=_fast_policy())
+    assert all(p.stat().st_size <= 100 for p in destination.rglob("*") if p.is_file())
+
+
+def test_a_hard_linked_partial_file_never_overwrites_its_other_name(tmp_path: Path) -> None:
+    import os
+
+    from tokenmill.storage.download import download
+
+    published = tmp_path / "published"
+    published.mkdir()
+    (published / "a.bin").write_bytes(b"new data")
+    (published / "manifest.json").write_text(_manifest_json([_object("a.bin", b"new data")]))
+    victim = tmp_path / "victim.txt"
+    victim.write_bytes(b"precious")
+    destination = tmp_path / "destination"
+    destination.mkdir()
+    os.link(victim, destination / ".a.bin.partial")  # planted by another user
+    with pytest.raises(ValueError, match=r"\.a\.bin\.partial: it has 2 names"):
+        download(str(published / "manifest.json"), str(destination))
+    assert victim.read_bytes() == b"precious"
+
+
+@pytest.mark.parametrize("keys", [["x.bin", ".x.bin.partial"], [".tokenmill-download.json"]])
+def test_keys_may_not_name_another_objects_partial_or_the_state_file(
+    tmp_path: Path, keys: list[str]
+) -> None:
+    from tokenmill.storage.download import STATE_NAME, download
+
+    keys = [STATE_NAME if key == ".tokenmill-download.json" else key for key in keys]
+    published = tmp_path / "published"
+    published.mkdir()
+    for key in keys:
+        (published / key).write_bytes(key.encode())
+    (published / "manifest.json").write_text(
+        _manifest_json([_object(key, key.encode()) for key in keys])
+    )
+    with pytest.raises(ValueError, match="refusing the key"):
+        download(str(published / "manifest.json"), str(tmp_path / "destination"))
