@@ -462,3 +462,50 @@ def test_keys_may_not_name_another_objects_partial_or_the_state_file(
     )
     with pytest.raises(ValueError, match="refusing the key"):
         download(str(published / "manifest.json"), str(tmp_path / "destination"))
+
+
+def test_a_symlink_planted_at_the_parts_directory_is_refused(tmp_path: Path) -> None:
+    source = tmp_path / "in.jsonl"
+    source.write_text("".join(json.dumps({"text": f"doc {i}"}) + "\n" for i in range(20)))
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (tmp_path / "out.parts").symlink_to(elsewhere)  # planted by another user
+    result = subprocess.run(
+        [sys.executable, "-m", "tokenmill.cli.main", "tokenize", str(source),
+         "--output", str(tmp_path / "out"), "--workers", "0", "--quiet"],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert result.returncode != 0
+    assert "out.parts: it is a symlink to" in result.stderr, result.stderr
+    assert [p.name for p in elsewhere.iterdir() if not p.name.startswith(".")] == []
+
+
+def test_publish_follows_no_symlink_out_of_what_it_was_given(tmp_path: Path) -> None:
+    from tokenmill.storage.publish import publish
+
+    secret = tmp_path / "secret.txt"
+    secret.write_text("private")
+    data = tmp_path / "data"
+    (data / "sub").mkdir(parents=True)
+    (data / "sub" / "a.bin").write_bytes(b"a")
+    (data / "inside.bin").symlink_to(data / "sub" / "a.bin")  # inside: published as a file
+    (data / "leak.txt").symlink_to(secret)
+    with pytest.raises(ValueError, match=r"leak\.txt: it is a symlink to .*secret\.txt, outside"):
+        publish([str(data)], str(tmp_path / "out"))
+    (data / "leak.txt").unlink()
+    (data / "linked-dir").symlink_to(tmp_path)  # a directory link that leaves: refused too
+    with pytest.raises(ValueError, match=r"linked-dir: it is a symlink"):
+        publish([str(data)], str(tmp_path / "out"))
+    (data / "linked-dir").unlink()
+    # the destination: a key directory planted as a symlink is never written through
+    destination = tmp_path / "destination"
+    destination.mkdir()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (destination / "data").symlink_to(elsewhere)
+    with pytest.raises(ValueError, match="refusing to write through the symlink"):
+        publish([str(data)], str(destination))
+    assert list(elsewhere.iterdir()) == []
+    (destination / "data").unlink()
+    report = publish([str(data)], str(destination))
+    assert sorted(o.key for o in report.manifest.objects) == ["data/inside.bin", "data/sub/a.bin"]
