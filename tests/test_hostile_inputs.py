@@ -509,3 +509,77 @@ def test_publish_follows_no_symlink_out_of_what_it_was_given(tmp_path: Path) -> 
     (destination / "data").unlink()
     report = publish([str(data)], str(destination))
     assert sorted(o.key for o in report.manifest.objects) == ["data/inside.bin", "data/sub/a.bin"]
+
+
+# -- silently accepted values --------------------------------------------------------------------
+
+
+class _Tokenizer:
+    vocab_size, eod = 1000, 0
+
+    @property
+    def unique_identifiers(self) -> dict[str, str]:
+        return {"class": "Tokenizer"}
+
+
+@pytest.mark.parametrize("value", [1.5, float("nan"), float("inf")])
+def test_float_tokens_are_refused_by_gpt_dataset_as_megatron_does(
+    tmp_path: Path, value: float
+) -> None:
+    import numpy as np
+
+    from tokenmill import GPTDataset, GPTDatasetConfig, IndexedDataset, Split
+
+    from conftest import write_megatron_shard
+
+    documents = [[1.0, 2.0, value, 4.0] * 8 for _ in range(6)]
+    prefix = write_megatron_shard(tmp_path / "f", documents, dtype=np.float32)
+    config = GPTDatasetConfig(
+        random_seed=1, sequence_length=8, tokenizer=_Tokenizer(), split="1",
+        reset_position_ids=False, reset_attention_mask=False, eod_mask_loss=False,
+        create_attention_mask=False, path_to_cache=None,
+    )  # fmt: skip
+    data = IndexedDataset(prefix)
+    dataset = GPTDataset(
+        data, prefix, np.arange(len(data), dtype=np.int32), 10, Split.train, config
+    )
+    with pytest.raises(TypeError, match=r"f\.bin: tokens of dtype float32 cannot be served"):
+        dataset[0]
+
+
+def test_uint64_tokens_past_int64_are_refused_by_packed_dataset() -> None:
+    import numpy as np
+
+    from tokenmill.datasets.packed import PackedDataset, PackingConfig
+
+    huge = 1 << 63
+
+    class Uint64Documents:  # any indexed source: e.g. a .npy token directory of uint64
+        path_prefix = "u"
+        documents = (np.array([1, 2, 3], np.uint64), np.array([4, huge, 6], np.uint64))
+        sequence_lengths = np.array([3, 3], np.int32)
+
+        def get(self, idx: int, offset: int = 0, length: int | None = None) -> object:
+            document = self.documents[idx]
+            return document[offset : len(document) if length is None else offset + length]
+
+    config = PackingConfig(sequence_length=8, shuffle_rows=False)
+    dataset = PackedDataset(Uint64Documents(), config)
+    with pytest.raises(OverflowError, match=rf"u: document 1 holds token {huge}, which does not"):
+        dataset.__getitems__(list(range(len(dataset))))
+
+
+def test_a_loader_state_past_the_epoch_or_of_the_wrong_type_is_refused() -> None:
+    from tokenmill.loading.threaded import ThreadedBatchLoader
+
+    loader = ThreadedBatchLoader(list(range(100)), batch_size=10, num_workers=0)
+    with pytest.raises(
+        ValueError, match=r"'batches_yielded' = 1000000000 is more than the 10 batches"
+    ):
+        loader.load_state_dict({"epoch": 0, "batches_yielded": 10**9})
+    for bad in (1e9, True):
+        with pytest.raises(ValueError, match="must be an int >= 0"):
+            loader.load_state_dict({"epoch": 0, "batches_yielded": bad})
+    with pytest.raises(ValueError, match="must be a mapping, got list"):
+        loader.load_state_dict([0, 1])  # type: ignore[arg-type]
+    loader.load_state_dict({"epoch": 0, "batches_yielded": 10})  # the end of an epoch is fine

@@ -588,6 +588,15 @@ class GPTDataset(MegatronDataset):
         text = np.empty(target, dtype=np.int64)
         filled = 0
         for part in parts:
+            if np.asarray(part).dtype.kind not in "iub":
+                # megatron-core's concatenation into int64 raises TypeError ("Cannot cast array
+                # data ... according to the rule 'same_kind'"); numpy's assignment would cast
+                # 1.5, NaN and inf to integers silently
+                raise TypeError(
+                    f"{_bin_path_of(self.dataset)}: tokens of dtype {np.asarray(part).dtype} "
+                    "cannot be served as int64 token ids (megatron-core raises TypeError too); "
+                    "the data must be integer tokens"
+                )
             text[filled : filled + len(part)] = part
             filled += len(part)
         text[filled:] = self._pad_token_id

@@ -354,6 +354,10 @@ class PackedDataset:
                 position += 1
             available = min(size + 1, document_length - offset)  # one more token for the label
             tokens = np.asarray(self.dataset.get(document, offset=offset, length=available))
+            if tokens.dtype.kind not in "iu" or (
+                tokens.dtype == np.uint64 and tokens.size and int(tokens.max()) > _INT64_MAX
+            ):
+                _refuse_tokens(self.dataset_path, document, tokens)
             input_ids[position : position + size] = tokens[:size]
             labels[position : position + available - 1] = tokens[1:available]
             # the first `masked` labels ignored; a negative count masks none (as in C++)
@@ -515,6 +519,24 @@ class PackedDataset:
         """A whole batch as stacked tensors (the DataLoader batched-fetch protocol): one C++
         gather into [B, ...] arrays, no per-row tensors (pass `collate_fn=lambda b: b`)."""
         return self._batch(np.asarray(indices, dtype=np.int64))
+
+
+_INT64_MAX = (1 << 63) - 1
+
+
+def _refuse_tokens(path: str | None, document: int, tokens: npt.NDArray[Any]) -> None:
+    """Tokens the int64 rows cannot hold: float data, or uint64 ids of 2**63 and more (which
+    numpy would wrap to negative ids)."""
+    if tokens.dtype.kind not in "iu":
+        raise TypeError(
+            f"{path}: document {document} holds {tokens.dtype} tokens; packed rows need integer "
+            "token ids"
+        )
+    bad = int(tokens.max())
+    raise OverflowError(
+        f"{path}: document {document} holds token {bad}, which does not fit the int64 rows "
+        "(uint64 ids must be below 2**63)"
+    )
 
 
 def _digest(values: npt.NDArray[Any]) -> str:
