@@ -583,3 +583,86 @@ def test_a_loader_state_past_the_epoch_or_of_the_wrong_type_is_refused() -> None
     with pytest.raises(ValueError, match="must be a mapping, got list"):
         loader.load_state_dict([0, 1])  # type: ignore[arg-type]
     loader.load_state_dict({"epoch": 0, "batches_yielded": 10})  # the end of an epoch is fine
+
+
+# -- errors that name the thing ------------------------------------------------------------------
+
+
+def test_unclear_errors_name_the_index_file_and_value(tmp_path: Path) -> None:
+    import numpy as np
+
+    from tokenmill import GPTDataset, GPTDatasetConfig, IndexedDataset, Split
+    from tokenmill.datasets.utils import normalize
+
+    from conftest import write_megatron_shard
+
+    prefix = write_megatron_shard(tmp_path / "d", [[1, 2, 3], [4, 5, 6, 7]])
+    data = IndexedDataset(prefix)
+    config = GPTDatasetConfig(
+        random_seed=1, sequence_length=2, tokenizer=_Tokenizer(), split="1",
+        reset_position_ids=False, reset_attention_mask=False, eod_mask_loss=False,
+        create_attention_mask=False, path_to_cache=None,
+    )  # fmt: skip
+    dataset = GPTDataset(data, prefix, np.arange(len(data), dtype=np.int32), 3, Split.train, config)
+    for index in (2**63, -(2**63) - 1):
+        with pytest.raises(IndexError, match=rf"sample index {index} is out of range"):
+            dataset[index]
+        with pytest.raises(IndexError, match=rf"sample index {index} is out of range"):
+            dataset.__getitems__([0, index])
+    with pytest.raises(ValueError, match=r"d\\x00x' contains a NUL byte"):
+        IndexedDataset(prefix + "\x00x")
+    with pytest.raises(ValueError, match=r"holds a lone surrogate '\\udc80' at position"):
+        IndexedDataset(prefix + "\udc80")
+    with pytest.raises(ValueError, match=r"weights sum to more than a float64 holds"):
+        normalize([1e308, 1e308])
+
+
+def test_mixture_weights_that_overflow_are_reported_as_given(tmp_path: Path) -> None:
+    from tokenmill.datasets.mixture_config import MixtureConfig, MixtureConfigError
+
+    (tmp_path / "w.toml").write_text(
+        'seed = 7\n[sources.a]\npaths = ["x"]\n[sources.b]\npaths = ["y"]\n[[phases]]\n'
+        'name = "p0"\ntokens = 100\nweights = { a = 1e308, b = 1e308 }\n'
+    )
+    with pytest.raises(
+        MixtureConfigError, match=r"weights sum to more .* \(a=1e\+308, b=1e\+308\)"
+    ):
+        MixtureConfig.from_file(tmp_path / "w.toml")
+
+
+@pytest.mark.parametrize("content", [b"not json {", b"[1, 2]"], ids=["not json", "a list"])
+def test_validate_state_errors_name_the_file(tmp_path: Path, content: bytes) -> None:
+    from conftest import write_megatron_shard
+
+    prefix = write_megatron_shard(tmp_path / "a", [[1, 2, 3], [4, 5]])
+    config = tmp_path / "m.toml"
+    config.write_text(
+        f'seed = 7\nchunk_tokens = 1\nexhaustion = "drop"\n[sources.a]\npaths = ["{prefix}"]\n'
+        '[[phases]]\nname = "p0"\ntokens = 4\nweights = { a = 1.0 }\n'
+    )
+    state = tmp_path / "state.json"
+    state.write_bytes(content)
+    result = subprocess.run(
+        [sys.executable, "-m", "tokenmill.cli.main", "validate", str(config), "--state", str(state)],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1 and "state.json: the state" in result.stderr, (
+        result.stderr
+    )
+
+
+def test_record_level_errors_name_file_and_line(tmp_path: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from tokenmill.errors import DataFormatError
+    from tokenmill.tokenize.readers import read_documents
+
+    table = pa.Table.from_arrays([pa.array(["a"]), pa.array(["b"])], names=["text", "text"])
+    pq.write_table(table, tmp_path / "two.parquet")
+    with pytest.raises(DataFormatError, match=r"two\.parquet: 2 columns are named 'text'"):
+        list(read_documents(tmp_path / "two.parquet"))
+    (tmp_path / "s.jsonl").write_text('{"text": "ok"}\n{"text": "bad \\udc80 here"}\n')
+    with pytest.raises(DataFormatError, match=r"s\.jsonl: line 2: 'text' holds a lone surrogate"):
+        list(read_documents(tmp_path / "s.jsonl"))

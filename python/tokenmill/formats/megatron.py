@@ -80,6 +80,7 @@ __all__ = [
     "DType",
     "IndexedDataset",
     "IndexedDatasetBuilder",
+    "check_path_text",
     "deferred_index_scans",
     "finish_index_scan",
     "get_bin_path",
@@ -112,6 +113,21 @@ def _open_bin(bin_path: str) -> int:
 
 def _bin_status(bin_path: str) -> os.stat_result:
     return _on_bin(os.stat, bin_path)
+
+
+def check_path_text(path: str, what: str) -> None:
+    """ValueError naming `path` if no file can have that name here: a NUL byte (Python's own
+    error, "embedded null byte", names no file), or a lone surrogate (a name that is not UTF-8,
+    which the C++ core cannot be given)."""
+    if "\x00" in path:
+        raise ValueError(f"{what} {path[:300]!r} contains a NUL byte; no file can have that name")
+    try:
+        path.encode("utf-8")
+    except UnicodeEncodeError as error:
+        raise ValueError(
+            f"{what} {path[:300]!r} holds a lone surrogate {path[error.start]!r} at position "
+            f"{error.start} (a file name that is not UTF-8); rename the file"
+        ) from None
 
 
 def shrunk_file_error(path: str, mapped_size: int, fault: BaseException) -> DataFormatError:
@@ -265,6 +281,7 @@ class IndexedDataset:
             dtype_code: see the class docstring.
         """
         path_prefix = os.fspath(path_prefix)
+        check_path_text(path_prefix, "path prefix")
         self.path_prefix = path_prefix
         self.multimodal = multimodal
         self.mmap = mmap

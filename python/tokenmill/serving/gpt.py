@@ -178,6 +178,13 @@ class GptSampleServer(BatchServer):
             )
         except self._fault_type as fault:
             raise shrunk_file_error(self.data_path, self.mapped_size, fault) from None
+        except TypeError:
+            if not -(1 << 63) <= index < (1 << 63):  # pybind's "incompatible arguments"
+                raise IndexError(
+                    f"sample index {index} is out of range for a dataset of "
+                    f"{len(self.gatherer)} samples"
+                ) from None
+            raise
         from_numpy = self.torch.from_numpy
         if idx is None:
             loss_mask[:] = 0.0

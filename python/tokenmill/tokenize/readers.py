@@ -493,6 +493,11 @@ def _check_column(parquet: Any, path: str, column: str) -> None:
     import pyarrow as pa
 
     schema = parquet.schema_arrow
+    if schema.names.count(column) > 1:
+        raise DataFormatError(
+            f"{path}: {schema.names.count(column)} columns are named {column!r}; which one holds "
+            "the text is ambiguous"
+        )
     if column not in schema.names:
         raise DataFormatError(
             f"{path}: no column {column!r}; columns are {schema.names} (choose one with --column)"
@@ -585,6 +590,15 @@ def parse_chunk(chunk: Chunk, options: ReadOptions) -> list[str]:
                 f"{path}: line {number}: {key!r} must be a string, got "
                 f"{type(text).__name__} {str(text)[:40]!r}"
             )
+        if b"\\ud" in raw.lower():  # a \uD800-\uDFFF escape: maybe a lone surrogate
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError as error:
+                raise DataFormatError(
+                    f"{path}: line {number}: {key!r} holds a lone surrogate "
+                    f"{text[error.start]!r} at character {error.start} (not encodable as "
+                    "UTF-8; an unpaired \\uD8xx-\\uDFxx escape)"
+                ) from None
         documents.append(text)
     return documents
 
