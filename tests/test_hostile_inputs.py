@@ -666,3 +666,47 @@ def test_record_level_errors_name_file_and_line(tmp_path: Path) -> None:
     (tmp_path / "s.jsonl").write_text('{"text": "ok"}\n{"text": "bad \\udc80 here"}\n')
     with pytest.raises(DataFormatError, match=r"s\.jsonl: line 2: 'text' holds a lone surrogate"):
         list(read_documents(tmp_path / "s.jsonl"))
+
+
+def test_packing_a_sparse_file_of_huge_claimed_sizes_is_refused_before_allocating(
+    tmp_path: Path,
+) -> None:
+    """A sparse 34 GB .bin whose .idx claims 8 documents of 2**31 - 1 tokens: the plan of rows of
+    8 tokens would need 128 GiB; PackedDataset and inspect --packing refuse it first."""
+    report = run_child(
+        """
+import os
+os.environ["TOKENMILL_MEMORY_BUDGET"] = str(1 << 30)
+import struct
+import numpy as np
+from tokenmill import IndexedDataset
+from tokenmill.cli.inspect_cmd import packing_report
+from tokenmill.datasets.packed import PackedDataset, PackingConfig
+
+prefix = sys.argv[1] + "/sparse"
+count, length = 8, (1 << 31) - 1
+with open(prefix + ".idx", "wb") as stream:
+    stream.write(b"MMIDIDX\\x00\\x00" + struct.pack("<Q", 1) + struct.pack("<B", 8))
+    stream.write(struct.pack("<QQ", count, count + 1))
+    stream.write(np.full(count, length, np.int32).tobytes())
+    stream.write((np.arange(count, dtype=np.int64) * length * 2).tobytes())
+    stream.write(np.arange(count + 1, dtype=np.int64).tobytes())
+with open(prefix + ".bin", "wb") as stream:
+    stream.truncate(count * length * 2)  # sparse: no block written
+report = {}
+data = IndexedDataset(prefix)
+try:
+    PackedDataset(data, PackingConfig(sequence_length=8))
+except MemoryError as error:
+    report["packed"] = str(error)
+try:
+    packing_report(data.sequence_lengths, 8, False)
+except MemoryError as error:
+    report["inspect"] = str(error)
+""",
+        str(tmp_path),
+        timeout=120,
+    )
+    assert "sparse: a packing plan of at least 2,147,483,648 pieces" in str(report.get("packed"))
+    assert "inspect --packing: a packing plan" in str(report.get("inspect")), report
+    assert float(str(report["peak_rss_mib"])) < RSS_BUDGET_MIB, report

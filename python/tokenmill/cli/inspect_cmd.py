@@ -160,8 +160,12 @@ def _plot(lengths: Any, path: str, title: str) -> None:
 
 def packing_report(lengths: Any, sequence_length: int, bos_aligned: bool) -> dict[str, Any]:
     """Rows, padding and dropped tokens of PackedDataset's plan for these documents."""
+    import numpy as np
+
+    from tokenmill.datasets.packed import check_packing_memory
     from tokenmill.index.packing import plan_packing
 
+    check_packing_memory(np.asarray(lengths), sequence_length, 0, "inspect --packing")
     plan = plan_packing(lengths, sequence_length, bos_aligned=bos_aligned, num_threads=2)
     row_tokens = plan.num_rows * sequence_length
     data = int(plan.entries[:, 2].sum())

@@ -212,6 +212,9 @@ class PackedDataset:
             if config.shuffle_documents
             else np.arange(count, dtype=np.int64)
         )
+        check_packing_memory(
+            self._lengths, config.sequence_length, config.window_overlap, self.dataset_path
+        )
         plan = plan_packing(
             self._lengths[order],
             config.sequence_length,
@@ -522,6 +525,27 @@ class PackedDataset:
 
 
 _INT64_MAX = (1 << 63) - 1
+# bytes a packing plan holds per piece: an entry (5 int64) plus its row's offset and order
+# entries, and the planner's per-piece scratch
+_PLAN_BYTES_PER_PIECE = 64
+
+
+def check_packing_memory(
+    lengths: npt.NDArray[Any], sequence_length: int, overlap: int, source: str | None
+) -> None:
+    """MemoryError before planning if the plan for documents of `lengths` cannot fit in memory:
+    each document is at least ceil(length / stride) pieces, so lengths claimed by a huge (e.g.
+    sparse) file are judged from the index, before the planner allocates."""
+    from tokenmill.common.budget import check_allocation
+
+    stride = max(sequence_length - overlap, 1)
+    lengths64 = np.asarray(lengths, dtype=np.int64)
+    pieces = int(((lengths64 + stride - 1) // stride).sum())
+    check_allocation(
+        pieces * _PLAN_BYTES_PER_PIECE,
+        f"{source}: a packing plan of at least {pieces:,} pieces ({int(lengths64.sum()):,} tokens "
+        f"in {lengths64.shape[0]:,} documents, rows of {sequence_length})",
+    )
 
 
 def _refuse_tokens(path: str | None, document: int, tokens: npt.NDArray[Any]) -> None:
