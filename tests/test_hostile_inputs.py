@@ -335,7 +335,7 @@ class _HostileServer:
                 path = posixpath.normpath(
                     urllib.parse.unquote(urllib.parse.urlsplit(self.path).path)
                 )
-                if path == "/pub/endless.bin":
+                if path in ("/pub/endless.bin", "/pub/endless.json"):
                     self.send_response(200)
                     self.end_headers()
                     try:
@@ -710,3 +710,31 @@ except MemoryError as error:
     assert "sparse: a packing plan of at least 2,147,483,648 pieces" in str(report.get("packed"))
     assert "inspect --packing: a packing plan" in str(report.get("inspect")), report
     assert float(str(report["peak_rss_mib"])) < RSS_BUDGET_MIB, report
+
+
+def test_a_manifest_that_never_ends_is_refused_at_its_limit(
+    tmp_path: Path, hostile_server: _HostileServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tokenmill.storage import transfer
+    from tokenmill.storage.download import download
+
+    monkeypatch.setattr(transfer, "MAX_MANIFEST_BYTES", 1 << 20)
+    with pytest.raises(ValueError, match=r"endless\.json: longer than 1,048,576 bytes"):
+        download(
+            f"{hostile_server.url}/pub/endless.json", str(tmp_path / "d"), policy=_fast_policy()
+        )
+
+
+def test_cli_errors_echo_a_huge_value_in_one_bounded_line(tmp_path: Path) -> None:
+    value = "x" * (50 << 20)
+    config = tmp_path / "m.yaml"
+    config.write_text(
+        f'seed: 1\nsources:\n  a:\n    paths: ["{value}"]\nphases:\n  - name: p\n'
+        "    tokens: 10\n    weights: {a: 1.0}\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-m", "tokenmill.cli.main", "validate", str(config)],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1 and len(result.stderr) < 2100, len(result.stderr)

@@ -15,6 +15,7 @@ import json
 import sys
 from typing import Any
 
+from tokenmill.cli._errors import one_line
 from tokenmill.cli._plot import matplotlib_missing
 
 FIRST_TOKENS = 16
@@ -192,7 +193,7 @@ def run(args: argparse.Namespace) -> int:
             path = fetch_source(path)  # every check reads every token: fetch the objects once
         report, lengths = inspect_path(path, args.bos_token, args.eos_token, args.dtype)
     except (FileNotFoundError, PermissionError) as error:
-        print(f"tokenmill inspect: error: {error}", file=sys.stderr)
+        print(f"tokenmill inspect: error: {one_line(error)}", file=sys.stderr)
         return 2
     if args.packing:
         if not args.sequence_length:

@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from tokenmill.cli._errors import one_line
 from tokenmill.cli._plot import matplotlib_missing
 
 __all__ = ["register", "run"]
@@ -150,7 +151,7 @@ def run(args: argparse.Namespace) -> int:
             state = _read_state(args.state)
         report = mixture.report(state)
     except (OSError, ValueError, TokenmillError) as error:
-        print(f"tokenmill validate: error: {error}", file=sys.stderr)
+        print(f"tokenmill validate: error: {one_line(error)}", file=sys.stderr)
         return 2
     if args.json:
         print(json.dumps(_report_dict(report), indent=2))

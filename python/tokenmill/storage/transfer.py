@@ -218,24 +218,42 @@ def http_open(
         time.sleep(policy.delay(attempt - 1))
 
 
-def read_location(location: str, policy: TransferPolicy | None = None) -> bytes:
-    """The bytes of a local file, an `s3://` object or an `http(s)://` URL.
+# a manifest (or shard list) longer than this is refused: a body that never ends, or millions of
+# entries, would otherwise grow without bound (a manifest entry is about 200 bytes)
+MAX_MANIFEST_BYTES = 256 << 20
+
+
+def read_location(
+    location: str, policy: TransferPolicy | None = None, limit: int | None = None
+) -> bytes:
+    """The bytes of a local file, an `s3://` object or an `http(s)://` URL, at most `limit`.
 
     Raises:
         FileNotFoundError: it does not exist.
         ObjectStorageError: the retries were spent.
+        ValueError: it holds more than `limit` bytes (named, with the limit).
     """
     policy = policy or TransferPolicy()
+    limit = MAX_MANIFEST_BYTES if limit is None else limit
+    too_long = ValueError(
+        f"{location}: longer than {limit:,} bytes; refusing to read it whole (a manifest that "
+        "large, or a body that never ends, is not one tokenmill wrote)"
+    )
     if is_s3_location(location):
         client = s3_client()
         size = client.stat(location).size
+        if size > limit:
+            raise too_long
         return bytes(client.get_range(location, 0, size)) if size else b""
     if is_http_location(location):
         with http_open(location, policy) as response:
-            data: bytes = response.read()
-            return data
-    with open(location, "rb") as stream:
-        return stream.read()
+            data: bytes = response.read(limit + 1)
+    else:
+        with open(location, "rb") as stream:
+            data = stream.read(limit + 1)
+    if len(data) > limit:
+        raise too_long
+    return data
 
 
 def load_manifest(source: str, policy: TransferPolicy | None = None) -> tuple[Manifest, str]:
