@@ -273,12 +273,21 @@ try:
     list(read_documents(root + "/planted.jsonl"))
 except DataFormatError as error:
     report["raised"] = str(error)
+# a token source (a mixture's, a blend's) whose .idx is a FIFO
+from tokenmill import IndexedDataset
+os.mkfifo(root + "/source.idx")
+open(root + "/source.bin", "wb").close()
+try:
+    IndexedDataset(root + "/source")
+except DataFormatError as error:
+    report["source"] = str(error)
 """,
         str(tmp_path),
         timeout=60,
     )
     assert report["walk"] == ["real.jsonl"], report
     assert "planted.jsonl: is a FIFO, not a regular file" in str(report["raised"]), report
+    assert "source.idx: index file is a FIFO, not a regular file" in str(report["source"]), report
     assert os.path.exists(tmp_path / "planted.jsonl")
 
 
