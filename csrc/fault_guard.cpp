@@ -11,8 +11,10 @@
 namespace tokenmill::fault_guard_detail {
 namespace {
 
-// initial-exec: the handler reads it without a lazy TLS allocation (not async-signal-safe)
-__attribute__((tls_model("initial-exec"))) thread_local GuardState guard_state;
+// The default (dynamic) TLS model, not initial-exec: a module loaded late (after torch and
+// others) may find no static TLS left. The handler's read allocates nothing on a thread that set
+// a guard (its block exists from guard_mapped_reads); on another thread the SIGBUS is fatal anyway.
+thread_local GuardState guard_state;
 
 struct sigaction previous_action {};
 std::atomic<bool> installed{false};
