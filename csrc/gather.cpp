@@ -1,5 +1,7 @@
 #include "gather.hpp"
 
+#include "fault_guard.hpp"
+
 #include "common.hpp"
 #include "thread_pool.hpp"
 
@@ -314,26 +316,35 @@ void gather_range(std::span<const int64_t> bounds, std::span<const int32_t> docu
   if (need_starts) scratch.starts.reset(new int64_t[static_cast<size_t>(S)]);
   int64_t* starts = scratch.starts.get();
 
-  for (size_t i = first; i < last; ++i) {
-    sample_parts<TokenT>(bounds.data() + 4 * i, document_index, pointers, lengths, tokens.size(),
-                         options.extra_token, target, scratch.parts);
-    const auto row = static_cast<size_t>(rows.empty() ? static_cast<int64_t>(i) : rows[i]);
-    const size_t base = row * static_cast<size_t>(S);
-    OutT* out_tokens = outputs.tokens.data() + base;
-    OutT* out_labels = outputs.labels.data() + base;
-    float* loss = outputs.loss_mask.data() + base;
-    int64_t filled = 0;
-    for (const Part& part : scratch.parts) filled += part.length;
-    if (filled == target && !pad_is_token) {
-      fill_full_sample(tokens.data(), scratch.parts, options, out_tokens, out_labels, loss,
-                       starts);
-    } else {
-      if (!scratch.text) scratch.text.reset(new int64_t[static_cast<size_t>(S + 1)]);
-      fill_padded_sample(tokens.data(), scratch.parts, options, scratch.text.get(), out_tokens,
-                         out_labels, loss, starts);
+  const TokenT* const data_end = tokens.data() + tokens.size();
+  // A SIGBUS from the mapped tokens (the .bin shrank) abandons the loop and throws
+  // MappedReadFault: the scratch state that owns memory lives in this frame, outside the guard
+  // (fault_guard.hpp); the page after each part is probed for a shrink that left a partial page.
+  guard_mapped_reads([&] {
+    for (size_t i = first; i < last; ++i) {
+      sample_parts<TokenT>(bounds.data() + 4 * i, document_index, pointers, lengths, tokens.size(),
+                           options.extra_token, target, scratch.parts);
+      const auto row = static_cast<size_t>(rows.empty() ? static_cast<int64_t>(i) : rows[i]);
+      const size_t base = row * static_cast<size_t>(S);
+      OutT* out_tokens = outputs.tokens.data() + base;
+      OutT* out_labels = outputs.labels.data() + base;
+      float* loss = outputs.loss_mask.data() + base;
+      int64_t filled = 0;
+      for (const Part& part : scratch.parts) filled += part.length;
+      if (filled == target && !pad_is_token) {
+        fill_full_sample(tokens.data(), scratch.parts, options, out_tokens, out_labels, loss,
+                         starts);
+      } else {
+        if (!scratch.text) scratch.text.reset(new int64_t[static_cast<size_t>(S + 1)]);
+        fill_padded_sample(tokens.data(), scratch.parts, options, scratch.text.get(), out_tokens,
+                           out_labels, loss, starts);
+      }
+      fill_positions(options, outputs, row, scratch);
+      for (const Part& part : scratch.parts) {
+        if (part.length > 0) probe_next_page(tokens.data() + part.offset + part.length - 1, data_end);
+      }
     }
-    fill_positions(options, outputs, row, scratch);
-  }
+  });
 }
 
 }  // namespace

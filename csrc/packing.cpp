@@ -1,5 +1,6 @@
 #include "packing.hpp"
 
+#include "fault_guard.hpp"
 #include "thread_pool.hpp"
 
 #include <algorithm>
@@ -350,6 +351,9 @@ void gather_packed_rows(UnalignedSpan<int64_t> entries, UnalignedSpan<int64_t> r
                                     ? options.ignore
                                     : static_cast<int64_t>(source[j + 1]);
       }
+      // a shrunk .bin whose new end lies in this read's last page read zeros there: touching
+      // the next page faults instead (the caller runs this under guard_mapped_reads)
+      if (piece.size > 0) probe_next_page(source + piece.size, tokens.data() + tokens.size());
       position += piece.size;
       for (int64_t p = start; p < position; ++p) {
         pieces_of[p] = static_cast<int32_t>(number);

@@ -101,7 +101,7 @@ class JsonLine {
  public:
   JsonLine(const uint8_t* begin, const uint8_t* end) : p_(begin), end_(end) {}
 
-  // Parses the line as an object; the last top-level member named `key` must be a string,
+  // Parses the line as an object; the one top-level member named `key` must be a string,
   // whose decoded UTF-8 is written at `out` (its length in `length`). False: not accepted.
   bool extract(std::string_view key, uint8_t* out, int64_t& length) {
     skip_whitespace();
@@ -118,6 +118,10 @@ class JsonLine {
         skip_whitespace();
         if (!consume(':')) return false;
         skip_whitespace();
+        if (name == key) {
+          // the key twice: which text is meant is ambiguous; the Python reader refuses it
+          if (found_string || found_other) return false;
+        }
         if (name == key && p_ < end_ && *p_ == '"') {
           uint8_t* written = out;
           if (!parse_string(&written, nullptr)) return false;

@@ -52,6 +52,7 @@ PYBIND11_MODULE(_core, m, py::mod_gil_not_used()) {
       "_testing", "Test-only entry points of tokenmill._core (forced kernels, fault injection).");
   // `import tokenmill._core._testing` (and stubtest) finds a submodule through sys.modules.
   py::module_::import("sys").attr("modules")[testing.attr("__name__")] = testing;
+  register_mapped_reads(m);  // first: other bindings' kernels may raise MappedReadFault
   register_formats(m);
   register_gpt_index(m, testing);
   register_blending(m, testing);

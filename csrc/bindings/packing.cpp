@@ -6,6 +6,7 @@
 
 #include "../packing.hpp"
 #include "arrays.hpp"
+#include "../fault_guard.hpp"
 #include "bindings.hpp"
 
 namespace tokenmill::bindings {
@@ -115,8 +116,12 @@ void gather_packed_rows(const py::array& entries_array, const py::array& row_off
       throw py::type_error("tokens must be (u)int8/16, (u)int32 or int64, got uint64");
     } else {
       ReleasedGil release;  // every buffer is owned by the caller for the call
-      tokenmill::gather_packed_rows(entries, row_offsets, rows, pointers, lengths, token_span,
-                                    options, ids, targets, positions, documents, bounds);
+      // a SIGBUS from the mapped tokens (the .bin shrank) throws MappedReadFault; the kernel
+      // owns no memory (fault_guard.hpp)
+      tokenmill::guard_mapped_reads([&] {
+        tokenmill::gather_packed_rows(entries, row_offsets, rows, pointers, lengths, token_span,
+                                      options, ids, targets, positions, documents, bounds);
+      });
     }
   });
 }

@@ -4,6 +4,8 @@ Checked against the built module by `python -m mypy.stubtest` in .ci/run. Test-o
 live in the `_testing` submodule (_testing.pyi).
 """
 
+from typing import Any
+
 import numpy as np
 import numpy.typing as npt
 
@@ -86,6 +88,12 @@ class FileWriter:
     def submit_sync(self, path: str) -> int: ...
     def sync_all(self, paths: list[str]) -> list[tuple[int, int]]: ...
     def wait(self, ticket: int) -> tuple[int, int, int, int, int, int, int]: ...
+
+class MappedReadFault(OSError):
+    """A SIGBUS while reading a mapped file (it shrank underneath), raised by a guarded read."""
+
+def probe_mapped(mapping: npt.NDArray[Any], begin: int, end: int) -> None: ...
+def copy_mapped(destination: npt.NDArray[Any], mapping: npt.NDArray[Any], begin: int) -> None: ...
 
 class Gatherer:
     """A GPTDataset's index arrays and token buffer, for batched gathers."""

@@ -20,6 +20,8 @@ import argparse
 import json
 import sys
 
+from tokenmill.cli._errors import one_line
+
 EPILOG = """\
 examples:
   tokenmill build-cache run.yaml --sizes 1000000 10000 1000
@@ -62,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
         else:
             report = build_cache(run_config, sizes, progress=not args.quiet)
     except (OSError, ValueError, TokenmillError) as error:
-        print(f"tokenmill build-cache: error: {error}", file=sys.stderr)
+        print(f"tokenmill build-cache: error: {one_line(error)}", file=sys.stderr)
         return 2
     if args.json:
         print(json.dumps(report.to_json(), indent=1))

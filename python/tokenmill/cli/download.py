@@ -15,6 +15,8 @@ import math
 import sys
 import threading
 
+from tokenmill.cli._errors import one_line
+
 EPILOG = """\
 examples:
   tokenmill download s3://bucket/runs/r1/manifest.json /local/data
@@ -87,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
         finally:
             display.close(final_line=False)
     except (OSError, ValueError, TokenmillError, ImportError) as error:
-        print(f"tokenmill download: error: {error}", file=sys.stderr)
+        print(f"tokenmill download: error: {one_line(error)}", file=sys.stderr)
         return 2
     if not args.quiet:
         print(

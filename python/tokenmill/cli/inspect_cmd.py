@@ -15,6 +15,7 @@ import json
 import sys
 from typing import Any
 
+from tokenmill.cli._errors import one_line
 from tokenmill.cli._plot import matplotlib_missing
 
 FIRST_TOKENS = 16
@@ -160,8 +161,12 @@ def _plot(lengths: Any, path: str, title: str) -> None:
 
 def packing_report(lengths: Any, sequence_length: int, bos_aligned: bool) -> dict[str, Any]:
     """Rows, padding and dropped tokens of PackedDataset's plan for these documents."""
+    import numpy as np
+
+    from tokenmill.datasets.packed import check_packing_memory
     from tokenmill.index.packing import plan_packing
 
+    check_packing_memory(np.asarray(lengths), sequence_length, 0, "inspect --packing")
     plan = plan_packing(lengths, sequence_length, bos_aligned=bos_aligned, num_threads=2)
     row_tokens = plan.num_rows * sequence_length
     data = int(plan.entries[:, 2].sum())
@@ -188,7 +193,7 @@ def run(args: argparse.Namespace) -> int:
             path = fetch_source(path)  # every check reads every token: fetch the objects once
         report, lengths = inspect_path(path, args.bos_token, args.eos_token, args.dtype)
     except (FileNotFoundError, PermissionError) as error:
-        print(f"tokenmill inspect: error: {error}", file=sys.stderr)
+        print(f"tokenmill inspect: error: {one_line(error)}", file=sys.stderr)
         return 2
     if args.packing:
         if not args.sequence_length:

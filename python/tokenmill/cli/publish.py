@@ -13,6 +13,8 @@ import argparse
 import math
 import sys
 
+from tokenmill.cli._errors import one_line
+
 EPILOG = """\
 examples:
   tokenmill build-cache run.yaml --sizes 1000000 10000 1000
@@ -68,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
         )
     except (OSError, ValueError, TokenmillError, ImportError) as error:
         display.close(final_line=False)
-        print(f"tokenmill publish: error: {error}", file=sys.stderr)
+        print(f"tokenmill publish: error: {one_line(error)}", file=sys.stderr)
         return 2
     display.close(final_line=False)
     print(

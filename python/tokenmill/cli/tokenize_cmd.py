@@ -10,6 +10,8 @@ import argparse
 import os
 import sys
 
+from tokenmill.cli._errors import one_line
+
 TOKENIZE_EPILOG = """\
 examples:
   # the built-in byte tokenizer, EOD after every document, 2 worker processes
@@ -147,7 +149,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def _fail(error: BaseException) -> int:
-    sys.stderr.write(f"tokenmill: error: {error}\n")
+    sys.stderr.write(f"tokenmill: error: {one_line(error)}\n")
     return 1
 
 

@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from tokenmill.cli._errors import one_line
 from tokenmill.cli._plot import matplotlib_missing
 
 __all__ = ["register", "run"]
@@ -115,6 +116,28 @@ def plot_report(report: Any, path: str, title: str) -> None:
     plt.close(figure)
 
 
+def _read_state(path: str) -> dict[str, object]:
+    """The mixture state in the JSON file `path` (a checkpoint's `mixture` entry, or the state
+    itself); ValueError naming the file for text that is not JSON or not an object."""
+    try:
+        state = json.loads(Path(path).read_text(encoding="utf-8"))
+    except UnicodeDecodeError as error:
+        raise ValueError(f"{path}: the state is not UTF-8 text (byte {error.start})") from None
+    except json.JSONDecodeError as error:
+        raise ValueError(
+            f"{path}: the state is not JSON: {error.msg} at line {error.lineno} column "
+            f"{error.colno}"
+        ) from None
+    if isinstance(state, dict) and "mixture" in state:
+        state = state["mixture"]
+    if not isinstance(state, dict):
+        raise ValueError(
+            f"{path}: the state must be a JSON object (a mixture state or a checkpoint with a "
+            f"'mixture' entry), got {type(state).__name__}"
+        )
+    return state
+
+
 def run(args: argparse.Namespace) -> int:
     from tokenmill.datasets.mixture import Mixture
     from tokenmill.errors import TokenmillError
@@ -125,12 +148,10 @@ def run(args: argparse.Namespace) -> int:
         mixture = Mixture(args.config)
         state = None
         if args.state:
-            state = json.loads(Path(args.state).read_text(encoding="utf-8"))
-            if isinstance(state, dict) and "mixture" in state:
-                state = state["mixture"]
+            state = _read_state(args.state)
         report = mixture.report(state)
     except (OSError, ValueError, TokenmillError) as error:
-        print(f"tokenmill validate: error: {error}", file=sys.stderr)
+        print(f"tokenmill validate: error: {one_line(error)}", file=sys.stderr)
         return 2
     if args.json:
         print(json.dumps(_report_dict(report), indent=2))

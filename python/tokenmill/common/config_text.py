@@ -104,6 +104,26 @@ def _yaml_loader() -> Any:
             self._aliases = 0
             self._depth = 0
 
+        def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+            # a key written twice in one mapping is refused (PyYAML keeps the last silently);
+            # merge keys (<<) may still be overridden, as YAML means them to be
+            seen: dict[Any, int] = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                key = self.construct_object(key_node, deep=True)
+                line = key_node.start_mark.line + 1
+                try:
+                    first = seen.get(key)
+                except TypeError:  # an unhashable key: SafeConstructor reports it
+                    continue
+                if first is not None:
+                    raise ConfigTextError(
+                        f"duplicate key {shown(key)} at line {line} (first at line {first})"
+                    )
+                seen[key] = line
+            return super().construct_mapping(node, deep=deep)
+
         def compose_node(self, parent: Any, index: Any) -> Any:
             if self.check_event(yaml.AliasEvent):
                 self._aliases += 1
@@ -118,6 +138,31 @@ def _yaml_loader() -> Any:
                 self._depth -= 1
 
     return BoundedLoader
+
+
+def _unique_pairs(pairs: list[tuple[str, Any]], text: str, where: str) -> dict[str, Any]:
+    """A JSON object's members as a dict; ConfigTextError naming the key and its line if one is
+    written twice (json keeps the last silently)."""
+    result = dict(pairs)
+    if len(result) == len(pairs):
+        return result
+    seen: set[str] = set()
+    for key, _ in pairs:
+        if key in seen:
+            raise ConfigTextError(f"{where}: duplicate key {shown(key)}{_json_key_line(text, key)}")
+        seen.add(key)
+    return result  # pragma: no cover - a shorter dict has a repeated key
+
+
+def _json_key_line(text: str, key: str) -> str:
+    """' at line N' for the second place `key` is written as a member name, if found."""
+    import re
+
+    pattern = re.compile(re.escape(json.dumps(key)) + r"\s*:")
+    places = [match.start() for match in pattern.finditer(text)]
+    if len(places) < 2:
+        return ""
+    return f" at line {text.count(chr(10), 0, places[1]) + 1}"
 
 
 def parse_config_text(text: str, where: str, kind: str) -> Any:
@@ -139,7 +184,9 @@ def parse_config_text(text: str, where: str, kind: str) -> Any:
             except yaml.YAMLError as error:
                 raise ValueError(f"{where}: not valid YAML: {error}") from None
         elif kind == "json":
-            data = json.loads(text)
+            data = json.loads(
+                text, object_pairs_hook=lambda pairs: _unique_pairs(pairs, text, where)
+            )
         elif kind == "toml":
             import sys
 

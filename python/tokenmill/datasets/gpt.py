@@ -591,6 +591,15 @@ class GPTDataset(MegatronDataset):
         text = np.empty(target, dtype=np.int64)
         filled = 0
         for part in parts:
+            if np.asarray(part).dtype.kind not in "iub":
+                # megatron-core's concatenation into int64 raises TypeError ("Cannot cast array
+                # data ... according to the rule 'same_kind'"); numpy's assignment would cast
+                # 1.5, NaN and inf to integers silently
+                raise TypeError(
+                    f"{_bin_path_of(self.dataset)}: tokens of dtype {np.asarray(part).dtype} "
+                    "cannot be served as int64 token ids (megatron-core raises TypeError too); "
+                    "the data must be integer tokens"
+                )
             text[filled : filled + len(part)] = part
             filled += len(part)
         text[filled:] = self._pad_token_id
@@ -926,6 +935,7 @@ class GPTDataset(MegatronDataset):
                 pad=int(self._pad_token_id),
                 eod_mask_loss=bool(config.eod_mask_loss),
                 reset_position_ids=bool(config.reset_position_ids),
+                data_path=_bin_path_of(self.dataset),
             )
         self._server = server
         return server
@@ -956,6 +966,12 @@ def _remote_reader(dataset: Any) -> Any:
     hints), or None: local files, mock data, and megatron-core's own readers."""
     reader = getattr(dataset, "bin_reader", None)
     return reader if callable(getattr(reader, "prefetch", None)) else None
+
+
+def _bin_path_of(dataset: Any) -> str:
+    """The `.bin` a low-level dataset maps, for error messages."""
+    prefix = getattr(dataset, "path_prefix", None)
+    return f"{prefix}.bin" if prefix is not None else repr(dataset)
 
 
 def _mapped_tokens(dataset: Any) -> tuple[Any, Any, Any] | None:

@@ -75,6 +75,8 @@ def _integer(
 ) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         try:
+            if isinstance(value, bool) or type(value).__name__ == "bool_":  # `true` is no count
+                raise TypeError
             value = operator.index(value)
         except TypeError:
             from tokenmill.common.config_text import shown
@@ -89,6 +91,12 @@ def _integer(
             f"{_where(origin, field_name)} must be <= 2**53 ({maximum}), got {value}"
         )
     return int(value)
+
+
+def shown_weights(weights: list[tuple[str, float]]) -> str:
+    """The first weights, for a message of bounded length."""
+    text = ", ".join(f"{name}={value!r}" for name, value in weights[:8])
+    return text + (f", ... ({len(weights)} in all)" if len(weights) > 8 else "")
 
 
 def _optional_token(value: Any, field_name: str, origin: str | None) -> int | None:
@@ -188,6 +196,12 @@ class MixturePhase:
         if len({name for name, _ in weights}) != len(weights):
             raise MixtureConfigError(
                 f"{_where(self.origin, where + '.weights')} names a source twice: {weights!r}"
+            )
+        if not math.isfinite(sum(value for _, value in weights)):
+            # normalising would divide by inf and give every source weight 0
+            raise MixtureConfigError(
+                f"{_where(self.origin, where + '.weights')} sum to more than a float64 holds "
+                f"({shown_weights(weights)}); use relative weights of ordinary size"
             )
         if not any(value > 0 for _, value in weights):
             raise MixtureConfigError(

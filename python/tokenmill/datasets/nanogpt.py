@@ -58,6 +58,7 @@ import numpy as np
 import numpy.typing as npt
 from torch.utils.data import IterableDataset
 
+from tokenmill import _core
 from tokenmill.common.world import World
 from tokenmill.errors import DataFormatError
 from tokenmill.formats.bos_index import (
@@ -66,6 +67,7 @@ from tokenmill.formats.bos_index import (
     check_bos_positions,
     read_bos_index,
 )
+from tokenmill.formats.megatron import shrunk_file_error
 from tokenmill.formats.nanogpt import (
     HEADER_BYTES,
     NanogptHeader,
@@ -90,6 +92,19 @@ class _Part:
     file: int
     start: int
     end: int
+
+
+def _read_window(shard: NanogptShard, start: int, count: int) -> npt.NDArray[Any]:
+    """`count` tokens of a mapped shard from `start`, copied by the C++ guard: a shard truncated
+    while mapped raises DataFormatError naming it (not SIGBUS, and not the zeros a partial last
+    page reads as; see docs/reliability.md for the one cut that stays unseen)."""
+    tokens = shard.tokens
+    window = np.empty(min(count, max(tokens.shape[0] - start, 0)), dtype=tokens.dtype)
+    try:
+        _core.copy_mapped(window, tokens, start * tokens.dtype.itemsize)
+    except _core.MappedReadFault as fault:
+        raise shrunk_file_error(shard.path, shard.header.file_size, fault) from None
+    return window
 
 
 class NanogptDataset(IterableDataset):  # type: ignore[misc]
@@ -340,10 +355,15 @@ class NanogptDataset(IterableDataset):  # type: ignore[misc]
                 if skip >= starts.shape[0]:
                     skip -= starts.shape[0]
                     continue
-                tokens = self._shard(part.file).tokens
+                shard = self._shard(part.file)
+                tokens = shard.tokens
                 check_bos = part.file in self._check_window_bos
+                mapped = isinstance(shard, NanogptShard)
                 for start in starts[skip:].tolist():
-                    values = tokens[start : start + self.seq_len + 1]
+                    if mapped:
+                        values = _read_window(shard, start, self.seq_len + 1)
+                    else:
+                        values = tokens[start : start + self.seq_len + 1]
                     if check_bos and int(values[0]) != self.bos_token:
                         raise DataFormatError(
                             f"{self.files[part.file]}: its .bos.idx lists position {start}, "

@@ -43,6 +43,7 @@ from tokenmill.common import distributed
 from tokenmill.common.core_call import core_call
 from tokenmill.common.threads import default_build_threads
 from tokenmill.errors import DataFormatError
+from tokenmill.formats.megatron import shrunk_file_error
 from tokenmill.index.cache import ArraySpec, EntrySpec, IndexCache
 from tokenmill.index.cache_checks import packing_checks
 from tokenmill.index.packing import INSERTED_BOS, plan_packing
@@ -211,6 +212,9 @@ class PackedDataset:
             if config.shuffle_documents
             else np.arange(count, dtype=np.int64)
         )
+        check_packing_memory(
+            self._lengths, config.sequence_length, config.window_overlap, self.dataset_path
+        )
         plan = plan_packing(
             self._lengths[order],
             config.sequence_length,
@@ -353,6 +357,10 @@ class PackedDataset:
                 position += 1
             available = min(size + 1, document_length - offset)  # one more token for the label
             tokens = np.asarray(self.dataset.get(document, offset=offset, length=available))
+            if tokens.dtype.kind not in "iu" or (
+                tokens.dtype == np.uint64 and tokens.size and int(tokens.max()) > _INT64_MAX
+            ):
+                _refuse_tokens(self.dataset_path, document, tokens)
             input_ids[position : position + size] = tokens[:size]
             labels[position : position + available - 1] = tokens[1:available]
             # the first `masked` labels ignored; a negative count masks none (as in C++)
@@ -439,22 +447,26 @@ class PackedDataset:
             outputs = allocate(server.fields, int(indices.shape[0]), pin_memory=False)
         config = self.config
         pointers, lengths, tokens = native
-        core_call(
-            _core.gather_packed_rows,
-            np.ascontiguousarray(self.entries),
-            np.ascontiguousarray(self.row_offsets),
-            np.ascontiguousarray(self.row_order[indices], dtype=np.int64),
-            pointers,
-            lengths,
-            tokens,
-            config.sequence_length,
-            config.max_documents_per_row,
-            -1 if config.bos_token_id is None else config.bos_token_id,
-            config.pad_token_id,
-            config.label_ignore_index,
-            config.reset_position_ids,
-            **outputs,
-        )
+        try:
+            core_call(
+                _core.gather_packed_rows,
+                np.ascontiguousarray(self.entries),
+                np.ascontiguousarray(self.row_offsets),
+                np.ascontiguousarray(self.row_order[indices], dtype=np.int64),
+                pointers,
+                lengths,
+                tokens,
+                config.sequence_length,
+                config.max_documents_per_row,
+                -1 if config.bos_token_id is None else config.bos_token_id,
+                config.pad_token_id,
+                config.label_ignore_index,
+                config.reset_position_ids,
+                **outputs,
+            )
+        except _core.MappedReadFault as fault:  # the C++ guard caught a SIGBUS: the .bin shrank
+            prefix = getattr(self.dataset, "path_prefix", "<tokens>")
+            raise shrunk_file_error(f"{prefix}.bin", int(tokens.nbytes), fault) from None
         if config.bos_aligned:
             bad_rows = np.flatnonzero(outputs["input_ids"][:, 0] != config.bos_token_id)
             if bad_rows.size:
@@ -510,6 +522,45 @@ class PackedDataset:
         """A whole batch as stacked tensors (the DataLoader batched-fetch protocol): one C++
         gather into [B, ...] arrays, no per-row tensors (pass `collate_fn=lambda b: b`)."""
         return self._batch(np.asarray(indices, dtype=np.int64))
+
+
+_INT64_MAX = (1 << 63) - 1
+# bytes a packing plan holds per piece: an entry (5 int64) plus its row's offset and order
+# entries, and the planner's per-piece scratch
+_PLAN_BYTES_PER_PIECE = 64
+
+
+def check_packing_memory(
+    lengths: npt.NDArray[Any], sequence_length: int, overlap: int, source: str | None
+) -> None:
+    """MemoryError before planning if the plan for documents of `lengths` cannot fit in memory:
+    each document is at least ceil(length / stride) pieces, so lengths claimed by a huge (e.g.
+    sparse) file are judged from the index, before the planner allocates."""
+    from tokenmill.common.budget import check_allocation
+
+    stride = max(sequence_length - overlap, 1)
+    lengths64 = np.asarray(lengths, dtype=np.int64)
+    pieces = int(((lengths64 + stride - 1) // stride).sum())
+    check_allocation(
+        pieces * _PLAN_BYTES_PER_PIECE,
+        f"{source}: a packing plan of at least {pieces:,} pieces ({int(lengths64.sum()):,} tokens "
+        f"in {lengths64.shape[0]:,} documents, rows of {sequence_length})",
+    )
+
+
+def _refuse_tokens(path: str | None, document: int, tokens: npt.NDArray[Any]) -> None:
+    """Tokens the int64 rows cannot hold: float data, or uint64 ids of 2**63 and more (which
+    numpy would wrap to negative ids)."""
+    if tokens.dtype.kind not in "iu":
+        raise TypeError(
+            f"{path}: document {document} holds {tokens.dtype} tokens; packed rows need integer "
+            "token ids"
+        )
+    bad = int(tokens.max())
+    raise OverflowError(
+        f"{path}: document {document} holds token {bad}, which does not fit the int64 rows "
+        "(uint64 ids must be below 2**63)"
+    )
 
 
 def _digest(values: npt.NDArray[Any]) -> str:

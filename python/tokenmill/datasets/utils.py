@@ -51,7 +51,14 @@ def normalize(weights: Sequence[float]) -> list[float]:
         raise ValueError("weights must not be empty")
     if not np.all(np.isfinite(array)) or np.any(array < 0):
         raise ValueError(f"weights must be finite and >= 0, got {list(weights)}")
-    total = np.sum(array)
+    with np.errstate(over="ignore"):
+        total = np.sum(array)
+    if not np.isfinite(total):
+        # megatron-core divides by inf here and returns zeros, which blends nothing
+        raise ValueError(
+            f"weights sum to more than a float64 holds, got {list(weights)[:8]}; use relative "
+            "weights of ordinary size"
+        )
     if total <= 0:
         raise ValueError(f"weights must not sum to zero, got {list(weights)}")
     return [float(value) for value in (array / total)]

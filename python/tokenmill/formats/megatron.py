@@ -55,6 +55,7 @@ from typing import Any, TypeVar
 import numpy
 import numpy.typing as npt
 
+from tokenmill import _core
 from tokenmill.common.mapping import map_readonly, resource_error
 from tokenmill.errors import DataFormatError
 from tokenmill.formats.megatron_builder import IndexedDatasetBuilder
@@ -79,11 +80,13 @@ __all__ = [
     "DType",
     "IndexedDataset",
     "IndexedDatasetBuilder",
+    "check_path_text",
     "deferred_index_scans",
     "finish_index_scan",
     "get_bin_path",
     "get_idx_path",
     "index_scan_pending",
+    "shrunk_file_error",
 ]
 
 
@@ -110,6 +113,35 @@ def _open_bin(bin_path: str) -> int:
 
 def _bin_status(bin_path: str) -> os.stat_result:
     return _on_bin(os.stat, bin_path)
+
+
+def check_path_text(path: str, what: str) -> None:
+    """ValueError naming `path` if no file can have that name here: a NUL byte (Python's own
+    error, "embedded null byte", names no file), or a lone surrogate (a name that is not UTF-8,
+    which the C++ core cannot be given)."""
+    if "\x00" in path:
+        raise ValueError(f"{what} {path[:300]!r} contains a NUL byte; no file can have that name")
+    try:
+        path.encode("utf-8")
+    except UnicodeEncodeError as error:
+        raise ValueError(
+            f"{what} {path[:300]!r} holds a lone surrogate {path[error.start]!r} at position "
+            f"{error.start} (a file name that is not UTF-8); rename the file"
+        ) from None
+
+
+def shrunk_file_error(path: str, mapped_size: int, fault: BaseException) -> DataFormatError:
+    """The error for a read of the mapped `path` (`mapped_size` bytes when mapped) that faulted
+    (tokenmill._core.MappedReadFault, a SIGBUS turned into an exception): the file shrank
+    underneath the reader."""
+    try:
+        now = f"{os.stat(path).st_size} bytes"
+    except OSError as error:
+        now = f"gone ({error.strerror})"
+    return DataFormatError(
+        f"{path}: data file is now {now}, but it was {mapped_size} bytes when mapped; it was "
+        f"truncated or rewritten in place while a dataset read it ({fault})"
+    )
 
 
 # The datasets whose .idx scan is postponed in this thread (deferred_index_scans), or None.
@@ -249,6 +281,7 @@ class IndexedDataset:
             dtype_code: see the class docstring.
         """
         path_prefix = os.fspath(path_prefix)
+        check_path_text(path_prefix, "path prefix")
         self.path_prefix = path_prefix
         self.multimodal = multimodal
         self.mmap = mmap
@@ -430,6 +463,15 @@ class IndexedDataset:
             self._map_bin()
         tokens_view = self._token_view
         if tokens_view is not None:
+            if count:
+                # a view is read by the caller, where a SIGBUS cannot be caught: touch its last
+                # byte and the next page first (a file shrunk below them raises here instead)
+                try:
+                    _core.probe_mapped(tokens_view, byte_offset, end)
+                except _core.MappedReadFault as fault:
+                    raise shrunk_file_error(
+                        get_bin_path(self.path_prefix), self._bin_size, fault
+                    ) from None
             start = byte_offset // self._itemsize
             return tokens_view[start : start + count]
         tokens = numpy.empty(count, dtype=self.dtype)

@@ -157,6 +157,23 @@ def get_bin_path(path_prefix: str) -> str:
     return path_prefix + ".bin"
 
 
+def _refuse_special_file(path: str) -> None:
+    """DataFormatError if `path` exists and is not a regular file: opening a FIFO planted at an
+    index's name would block forever (a stat does not). FileNotFoundError passes through."""
+    import stat
+
+    mode = os.stat(path).st_mode
+    if not stat.S_ISREG(mode):
+        kind = (
+            "a FIFO"
+            if stat.S_ISFIFO(mode)
+            else "a directory"
+            if stat.S_ISDIR(mode)
+            else ("a special file")
+        )
+        raise DataFormatError(f"{path}: index file is {kind}, not a regular file; refusing it")
+
+
 class _RawFile:
     """A read-only descriptor with the two calls the index reader needs (`fileno`, `read` of
     the header) and nothing else: open, fstat, pread, mmap and close are the whole open."""
@@ -204,6 +221,7 @@ class _IndexReader:
     ) -> None:
         self.idx_path = idx_path
         try:
+            _refuse_special_file(idx_path)
             # an index of up to READ_BELOW bytes: one call (open, fstat, read, close without the
             # GIL); a larger one is left open by that call, to be mapped; a blend opens one per
             # source

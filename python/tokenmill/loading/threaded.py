@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import itertools
 from collections import deque
-from collections.abc import Iterable, Iterator, Sequence, Sized
+from collections.abc import Iterable, Iterator, Mapping, Sequence, Sized
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -104,12 +104,26 @@ class ThreadedBatchLoader:
         """Resumes at `state`: the next iteration starts with the first batch not yet yielded.
 
         Raises:
-            ValueError: a field is missing or negative.
+            ValueError: the state is not a mapping, a field is missing, negative or not an int
+                (a bool is not), or more batches were yielded than the epoch has (a state from
+                another dataset or batch size would resume at the end, yielding nothing).
         """
+        if not isinstance(state, Mapping):
+            raise ValueError(f"a loader state must be a mapping, got {type(state).__name__}")
         for key in ("epoch", "batches_yielded"):
             value = state.get(key)
-            if not isinstance(value, int) or value < 0:
-                raise ValueError(f"loader state field {key!r} must be an int >= 0, got {value!r}")
+            if type(value) is not int or value < 0:
+                raise ValueError(
+                    f"loader state field {key!r} must be an int >= 0, got {str(value)[:80]!r}"
+                )
+        # (a sampler without a length is not walked here: it may be endless)
+        batches = len(self) if self.sampler is None or isinstance(self.sampler, Sized) else None
+        if batches is not None and state["batches_yielded"] > batches:
+            raise ValueError(
+                f"loader state field 'batches_yielded' = {state['batches_yielded']} is more than "
+                f"the {batches} batches of an epoch: the state belongs to another dataset or "
+                "batch size"
+            )
         self.epoch = state["epoch"]
         self._skip = state["batches_yielded"]
         self._yielded = self._skip

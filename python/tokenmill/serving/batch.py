@@ -184,6 +184,19 @@ def as_index_array(
         array = np.asarray(indices)
     if array.ndim != 1:
         raise ValueError(f"sample indices must be one-dimensional, got shape {array.shape}")
+    if array.dtype.kind not in "iu" and array.ndim == 1:
+        # Python ints beyond 64 bits become objects or floats in numpy: name the index
+        given = array.tolist() if array.dtype == object else list(indices)
+        bad = next(
+            (
+                index
+                for index in given
+                if isinstance(index, int) and not -(1 << 63) <= index < (1 << 63)
+            ),
+            None,
+        )
+        if bad is not None:
+            raise IndexError(f"sample index {bad} is out of range")
     if array.dtype.kind not in "iu":
         raise TypeError(f"sample indices must be integers, got {array.dtype}")
     if array.dtype == np.uint64 and array.shape[0] and int(array.max()) > np.iinfo(np.int64).max:

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
+from tokenmill.formats.megatron import shrunk_file_error
 from tokenmill.serving.layout import BatchLayout, Field
 from tokenmill.serving.server import BatchServer
 
@@ -110,6 +111,8 @@ class GptSampleServer(BatchServer):
         extra_token: tokens per sample beyond S (megatron's add_extra_token_to_sequence).
         eod, pad: the end-of-document and padding ids.
         eod_mask_loss, reset_position_ids: megatron-core's flags.
+        data_path: the mapped file `tokens` views, named when a read faults because it shrank
+            underneath (a SIGBUS turned into DataFormatError by the C++ guard).
     """
 
     def __init__(
@@ -127,8 +130,13 @@ class GptSampleServer(BatchServer):
         pad: int,
         eod_mask_loss: bool,
         reset_position_ids: bool,
+        data_path: str = "<tokens>",
     ) -> None:
         from tokenmill import _core
+
+        self.data_path = data_path
+        self.mapped_size = int(tokens.nbytes)
+        self._fault_type = _core.MappedReadFault
 
         super().__init__(layout)
         self.layout: GptBatchLayout = layout
@@ -164,9 +172,19 @@ class GptSampleServer(BatchServer):
             max_seqlen = empty((), np.int32)
         elif layout.reset_attention_mask:
             starts = empty(length, np.int64)
-        self.gatherer.gather_one(
-            index, tokens, labels, loss_mask, position_ids, starts, cu_seqlens, max_seqlen
-        )
+        try:
+            self.gatherer.gather_one(
+                index, tokens, labels, loss_mask, position_ids, starts, cu_seqlens, max_seqlen
+            )
+        except self._fault_type as fault:
+            raise shrunk_file_error(self.data_path, self.mapped_size, fault) from None
+        except TypeError:
+            if not -(1 << 63) <= index < (1 << 63):  # pybind's "incompatible arguments"
+                raise IndexError(
+                    f"sample index {index} is out of range for a dataset of "
+                    f"{len(self.gatherer)} samples"
+                ) from None
+            raise
         from_numpy = self.torch.from_numpy
         if idx is None:
             loss_mask[:] = 0.0
@@ -194,15 +212,18 @@ class GptSampleServer(BatchServer):
         num_threads: int = 1,
     ) -> None:
         """Gather samples `indices` into rows `rows` (None: 0..B-1) of `buffers`."""
-        self.gatherer.gather(
-            indices,
-            rows,
-            buffers["tokens"],
-            buffers["labels"],
-            buffers["loss_mask"],
-            buffers["position_ids"],
-            buffers.get("document_starts"),
-            buffers.get("cu_seqlens"),
-            buffers.get("max_seqlen"),
-            num_threads=num_threads,
-        )
+        try:
+            self.gatherer.gather(
+                indices,
+                rows,
+                buffers["tokens"],
+                buffers["labels"],
+                buffers["loss_mask"],
+                buffers["position_ids"],
+                buffers.get("document_starts"),
+                buffers.get("cu_seqlens"),
+                buffers.get("max_seqlen"),
+                num_threads=num_threads,
+            )
+        except self._fault_type as fault:
+            raise shrunk_file_error(self.data_path, self.mapped_size, fault) from None

@@ -20,9 +20,11 @@ first shards while the rest still download.
 from __future__ import annotations
 
 import contextlib
+import errno
 import http.client
 import json
 import os
+import stat
 import threading
 import time
 import urllib.parse
@@ -31,7 +33,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from tokenmill.common.atomic import atomic_write_text, durable_replace
 from tokenmill.errors import ChecksumError, ObjectStorageError
@@ -51,6 +53,7 @@ from tokenmill.storage.transfer import (
     load_manifest,
     s3_client,
     sha256_file,
+    url_within,
 )
 
 __all__ = [
@@ -75,6 +78,54 @@ class DownloadReport:
     unverified: list[str] = field(default_factory=list)
     bytes_fetched: int = 0
     seconds: float = 0.0
+
+
+def _open_partial(partial: str) -> BinaryIO:
+    """The partial file `partial` opened for appending: created if missing, never through a
+    symlink (O_NOFOLLOW), and never a file with another name (a hard link planted there would
+    have its other name overwritten) or a special file.
+
+    Raises:
+        ValueError: naming the file and what it is.
+    """
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOFOLLOW
+    try:
+        descriptor = os.open(partial, flags, 0o644)
+    except OSError as error:
+        if error.errno == errno.ELOOP:
+            raise ValueError(f"refusing to write through the symlink {partial}") from None
+        raise
+    try:
+        status = os.fstat(descriptor)
+        if not stat.S_ISREG(status.st_mode):
+            raise ValueError(f"refusing to write to {partial}: it is not a regular file")
+        if status.st_nlink > 1:
+            raise ValueError(
+                f"refusing to write to {partial}: it has {status.st_nlink} names (a hard link "
+                "to another file; tokenmill did not create it)"
+            )
+        return os.fdopen(descriptor, "ab")
+    except BaseException:
+        os.close(descriptor)
+        raise
+
+
+def _partial_size(partial: str) -> int:
+    """The bytes a partial file holds (0 if absent), checked as _open_partial checks it."""
+    try:
+        status = os.lstat(partial)
+    except FileNotFoundError:
+        return 0
+    if not stat.S_ISREG(status.st_mode) or status.st_nlink > 1:
+        with _open_partial(partial):  # raises naming what it is
+            pass
+    return status.st_size
+
+
+def _restart_partial(partial: str) -> None:
+    """Empty the partial file (through the checks of _open_partial, never by path)."""
+    with _open_partial(partial) as stream:
+        stream.truncate(0)
 
 
 def _partial_path(final: str) -> str:
@@ -122,40 +173,49 @@ def _announced_size(response: Any, have: int) -> int | None:
     return int(length) if length is not None and length.isdigit() else None
 
 
-def _fetch_http(url: str, partial: str, size: int | None, policy: TransferPolicy) -> int:
-    """Append the missing bytes of `url` to `partial`; returns bytes received."""
+def _fetch_http(
+    url: str, partial: str, size: int | None, policy: TransferPolicy, confine: str | None = None
+) -> int:
+    """Append the missing bytes of `url` to `partial`; returns bytes received (at most `size`:
+    a longer body is stopped). `confine`: redirects may not leave this prefix."""
     received = 0
     attempt = 0
     while True:
-        have = os.path.getsize(partial) if os.path.exists(partial) else 0
+        have = _partial_size(partial)
         if size is not None and have > size:
-            os.truncate(partial, 0)
+            _restart_partial(partial)
             have = 0
         if size is not None and have == size:
             return received
         headers = {"Range": f"bytes={have}-"} if have else {}
         try:
-            response = http_open(url, policy, headers)
+            response = http_open(url, policy, headers, confine)
         except RangeNotSatisfiable:  # the object is shorter than our partial: start over
             if not have:
                 raise ObjectStorageError(f"{url}: HTTP 416 for a request without range") from None
-            os.truncate(partial, 0)
+            _restart_partial(partial)
             continue
         total = _announced_size(response, have)
         if size is not None and total is not None and total != size:
             response.close()
             raise ChecksumError(f"{url}: the object has {total} bytes but the manifest says {size}")
         try:
-            with response, open(partial, "ab") as stream:
+            with response, _open_partial(partial) as stream:
                 if have and response.status != 206:  # the server ignored the range
                     stream.truncate(0)
+                    have = 0
                 # read1: whatever has arrived (up to 1 MiB), so a kill loses little
                 while block := response.read1(READ_BYTES):
+                    have += len(block)
+                    if size is not None and have > size:  # a body that never ends
+                        raise ChecksumError(
+                            f"{url}: the server sent more than the manifest's {size} bytes; stopped"
+                        )
                     stream.write(block)
                     received += len(block)
-            if size is None or os.path.getsize(partial) >= size:
+            if size is None or _partial_size(partial) >= size:
                 return received
-            raise ConnectionError(f"the body ended at byte {os.path.getsize(partial)} of {size}")
+            raise ConnectionError(f"the body ended at byte {_partial_size(partial)} of {size}")
         except (ConnectionError, TimeoutError, http.client.HTTPException) as error:
             attempt += 1
             if attempt >= policy.max_attempts:
@@ -170,12 +230,12 @@ def _fetch_s3(url: str, partial: str, size: int | None, policy: TransferPolicy) 
     info = client.stat(url)
     if size is not None and info.size != size:
         raise ChecksumError(f"{url}: the object has {info.size} bytes but the manifest says {size}")
-    have = os.path.getsize(partial) if os.path.exists(partial) else 0
+    have = _partial_size(partial)
     if have > info.size:
-        os.truncate(partial, 0)
+        _restart_partial(partial)
         have = 0
     received = 0
-    with open(partial, "ab") as stream:
+    with _open_partial(partial) as stream:
         while have < info.size:
             stop = min(info.size, have + policy.part_bytes)
             data = client.get_range(url, have, stop, if_match=info.etag)
@@ -187,9 +247,9 @@ def _fetch_s3(url: str, partial: str, size: int | None, policy: TransferPolicy) 
 
 
 def _fetch_local(path: str, partial: str) -> int:
-    have = os.path.getsize(partial) if os.path.exists(partial) else 0
+    have = _partial_size(partial)
     received = 0
-    with open(path, "rb") as source, open(partial, "ab") as stream:
+    with open(path, "rb") as source, _open_partial(partial) as stream:
         if have > os.fstat(source.fileno()).st_size:
             stream.truncate(0)
             have = 0
@@ -204,16 +264,7 @@ def _within(location: str, prefix: str) -> bool:
     """Whether `location` lies under `prefix` (a URL prefix or a local directory), after
     normalising both: same scheme and host, and a path below the prefix's path."""
     if is_s3_location(prefix) or is_http_location(prefix):
-        here, there = urllib.parse.urlsplit(location), urllib.parse.urlsplit(prefix)
-        if (here.scheme.lower(), here.netloc.lower()) != (
-            there.scheme.lower(),
-            there.netloc.lower(),
-        ):
-            return False
-        if here.query or here.fragment or "/../" in f"{here.path}/" or "/./" in f"{here.path}/":
-            return False
-        base_path = there.path.rstrip("/") + "/"
-        return here.path.startswith(base_path) or base_path == "/"
+        return url_within(location, prefix)
     if "://" in location or location.startswith("file:"):
         return False
     real, root = os.path.realpath(location), os.path.realpath(prefix)
@@ -267,6 +318,28 @@ def _safe_destination(local_dir: str, final: str, where: str) -> None:
         raise ValueError(f"{where}: refusing to write through the symlink {partial}")
 
 
+def _check_keys_apart(manifest: Manifest, local_dir: str, path: Callable[[str], str]) -> None:
+    """ValueError if an object would land on the download's own state file or on another
+    object's partial file (it would be given that file's bytes), or on another key twice."""
+    state = os.path.join(local_dir, STATE_NAME)
+    finals: dict[str, str] = {}
+    for item in manifest.objects:
+        final = path(item.key)
+        if final == state:
+            raise ValueError(
+                f"{item.key}: refusing the key: it names the download's own state file {STATE_NAME}"
+            )
+        if final in finals:
+            raise ValueError(f"{item.key}: the manifest lists this object twice")
+        finals[final] = item.key
+    for final, key in finals.items():
+        other = finals.get(_partial_path(final))
+        if other is not None:
+            raise ValueError(
+                f"{other}: refusing the key: it names the partial file of the object {key}"
+            )
+
+
 class DownloadJob:
     """A download running on background threads (see `start_download`)."""
 
@@ -289,6 +362,7 @@ class DownloadJob:
         self.progress = progress
         self.base = base
         self.local_dir = local_dir
+        _check_keys_apart(manifest, local_dir, self.path)
         self.policy = policy
         self.report = DownloadReport(local_dir)
         self._lock = threading.Lock()
@@ -352,6 +426,17 @@ class DownloadJob:
             self._source_of(item, self.base), self.base, self.allow, self.trust_urls, item.key
         )
 
+    def _confinement(self, source: str) -> str | None:
+        """The prefix a redirect of `source` may not leave: the allow-list entry or manifest
+        location it was accepted under (None for the caller's own trusted URLs)."""
+        if self.trust_urls:
+            return None
+        for prefix in (*self.allow, self.base):
+            remote = prefix and (is_http_location(prefix) or is_s3_location(prefix))
+            if remote and _within(source, prefix):
+                return prefix
+        return self.base or source
+
     def _one(self, item: ManifestObject) -> str:
         final = self.path(item.key)
         _safe_destination(self.local_dir, final, item.key)
@@ -366,11 +451,13 @@ class DownloadJob:
         partial = _partial_path(final)
         source = self._source(item)
         for attempt in range(2):
-            resumed = os.path.exists(partial) and os.path.getsize(partial) > 0
+            resumed = _partial_size(partial) > 0
             if is_s3_location(source):
                 received = _fetch_s3(source, partial, item.size, self.policy)
             elif is_http_location(source):
-                received = _fetch_http(source, partial, item.size, self.policy)
+                received = _fetch_http(
+                    source, partial, item.size, self.policy, self._confinement(source)
+                )
             else:
                 received = _fetch_local(source, partial)
             with self._lock:

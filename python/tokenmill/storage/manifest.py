@@ -52,10 +52,21 @@ def check_key(key: Any, where: str) -> str:
     """`key` if it is a safe relative object key, else ValueError naming `where`."""
     if not isinstance(key, str) or not key:
         raise ValueError(f"{where}: object key must be a non-empty string, got {key!r}")
-    parts = key.split("/")
-    if key.startswith("/") or "\\" in key or any(part in ("", ".", "..") for part in parts):
+    import urllib.parse
+
+    # a key also becomes a URL path (join_location): '%2e%2e' is '..' to the server
+    decoded = urllib.parse.unquote(key)
+    parts = key.split("/") + decoded.split("/")
+    if (
+        key.startswith("/")
+        or decoded.startswith("/")
+        or "\\" in decoded
+        or "\x00" in decoded
+        or any(part in ("", ".", "..") for part in parts)
+    ):
         raise ValueError(
-            f"{where}: object key {key!r} must be a relative path without '.', '..' or empty parts"
+            f"{where}: object key {key[:200]!r} must be a relative path without '.', '..' or "
+            "empty parts (also once percent-decoded), backslashes or NUL"
         )
     return key
 

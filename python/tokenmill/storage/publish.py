@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from tokenmill.errors import ObjectStorageError
+from tokenmill.storage.download import _safe_destination
 from tokenmill.storage.manifest import (
     Manifest,
     ManifestObject,
@@ -72,9 +73,9 @@ def collect_files(paths: Sequence[str]) -> list[tuple[str, str]]:
         path = os.fspath(raw).rstrip("/") or "/"
         if os.path.isdir(path):
             root = Path(path)
-            for file in sorted(root.rglob("*")):
+            for file in _directory_files(root):
                 relative = file.relative_to(root)
-                if file.is_file() and not any(part.startswith(".") for part in relative.parts):
+                if not any(part.startswith(".") for part in relative.parts):
                     add(f"{root.resolve().name}/{relative.as_posix()}", os.fspath(file))
         elif os.path.isfile(path + ".bin") or os.path.isfile(path + ".idx"):
             for suffix in _DATASET_SUFFIXES:
@@ -89,6 +90,33 @@ def collect_files(paths: Sequence[str]) -> list[tuple[str, str]]:
                 "(<prefix>.bin / <prefix>.idx)",
             )
     return sorted(found.items())
+
+
+def _directory_files(root: Path) -> list[Path]:
+    """The regular files below `root`, sorted, without following a symlink out of it: a linked
+    directory is not entered (os.walk), a link to a file inside `root` is published as that
+    file, a link that leaves `root` is refused (it would upload what the caller did not name).
+
+    Raises:
+        ValueError: a symlink below `root` points outside it.
+    """
+    real_root = os.path.realpath(root)
+    files: list[Path] = []
+    for directory, subdirectories, names in os.walk(root):
+        for name in [*names, *subdirectories]:
+            path = os.path.join(directory, name)
+            if not os.path.islink(path):
+                continue
+            target = os.path.realpath(path)
+            if target != real_root and not target.startswith(real_root.rstrip(os.sep) + os.sep):
+                raise ValueError(
+                    f"refusing to publish {path}: it is a symlink to {target}, outside the "
+                    f"published directory {root}"
+                )
+        files.extend(
+            Path(directory, name) for name in names if os.path.isfile(os.path.join(directory, name))
+        )
+    return sorted(files)
 
 
 @dataclass
@@ -288,6 +316,7 @@ def publish(
                 and sha256_file(target) == digest
             )
             if not present:
+                _safe_destination(destination, target, key)  # no planted symlink is followed
                 _local_copy(path, target)
                 sent = size
         with lock:

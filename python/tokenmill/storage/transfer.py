@@ -22,6 +22,7 @@ import os
 import random
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -137,13 +138,62 @@ class RangeNotSatisfiable(Exception):
     """HTTP 416: the server's object is no longer than the bytes we already have."""
 
 
-def http_open(url: str, policy: TransferPolicy, headers: Mapping[str, str] | None = None) -> Any:
-    """urlopen with retries on transient failures; 404 is FileNotFoundError."""
+def url_within(location: str, prefix: str) -> bool:
+    """Whether the http(s)/s3 URL `location` lies under the URL `prefix` as a server sees it:
+    same scheme and host, no query or fragment, and a percent-decoded path below the prefix's
+    without '.' or '..' segments, backslashes or NUL ('%2e%2e' is '..' to the server)."""
+    here, there = urllib.parse.urlsplit(location), urllib.parse.urlsplit(prefix)
+    if (here.scheme.lower(), here.netloc.lower()) != (there.scheme.lower(), there.netloc.lower()):
+        return False
+    if here.query or here.fragment:
+        return False
+    path = urllib.parse.unquote(here.path)
+    if "\\" in path or "\x00" in path or any(part in (".", "..") for part in path.split("/")):
+        return False
+    base_path = urllib.parse.unquote(there.path).rstrip("/") + "/"
+    return path.startswith(base_path) or base_path == "/"
+
+
+class RedirectRefused(ObjectStorageError):
+    """An HTTP redirect to a place a manifest may not name."""
+
+
+class _ConfinedRedirects(urllib.request.HTTPRedirectHandler):
+    """Follows a redirect only to a URL under `prefix`."""
+
+    def __init__(self, prefix: str) -> None:
+        self.prefix = prefix
+
+    def redirect_request(
+        self, req: Any, fp: Any, code: int, msg: str, headers: Any, newurl: str
+    ) -> Any:
+        if not url_within(newurl, self.prefix):
+            fp.close()  # the redirect response holds the socket
+            raise RedirectRefused(
+                f"{req.full_url}: refusing the HTTP {code} redirect to {newurl[:300]!r}: it "
+                f"leaves the manifest's location {self.prefix!r}"
+            )
+        return super().redirect_request(req, fp, code, msg, headers, newurl)
+
+
+def http_open(
+    url: str,
+    policy: TransferPolicy,
+    headers: Mapping[str, str] | None = None,
+    confine: str | None = None,
+) -> Any:
+    """urlopen with retries on transient failures; 404 is FileNotFoundError. With `confine`, a
+    redirect to a URL outside that prefix raises RedirectRefused (never followed)."""
     attempt = 0
+    opener = (
+        urllib.request.build_opener(_ConfinedRedirects(confine)).open
+        if confine is not None
+        else urllib.request.urlopen
+    )
     while True:
         try:
             request = urllib.request.Request(url, headers=dict(headers or {}))
-            return urllib.request.urlopen(request, timeout=policy.timeout)
+            return opener(request, timeout=policy.timeout)
         except urllib.error.HTTPError as error:
             error.close()  # it holds the response's socket
             if error.code == 404:
@@ -168,24 +218,42 @@ def http_open(url: str, policy: TransferPolicy, headers: Mapping[str, str] | Non
         time.sleep(policy.delay(attempt - 1))
 
 
-def read_location(location: str, policy: TransferPolicy | None = None) -> bytes:
-    """The bytes of a local file, an `s3://` object or an `http(s)://` URL.
+# a manifest (or shard list) longer than this is refused: a body that never ends, or millions of
+# entries, would otherwise grow without bound (a manifest entry is about 200 bytes)
+MAX_MANIFEST_BYTES = 256 << 20
+
+
+def read_location(
+    location: str, policy: TransferPolicy | None = None, limit: int | None = None
+) -> bytes:
+    """The bytes of a local file, an `s3://` object or an `http(s)://` URL, at most `limit`.
 
     Raises:
         FileNotFoundError: it does not exist.
         ObjectStorageError: the retries were spent.
+        ValueError: it holds more than `limit` bytes (named, with the limit).
     """
     policy = policy or TransferPolicy()
+    limit = MAX_MANIFEST_BYTES if limit is None else limit
+    too_long = ValueError(
+        f"{location}: longer than {limit:,} bytes; refusing to read it whole (a manifest that "
+        "large, or a body that never ends, is not one tokenmill wrote)"
+    )
     if is_s3_location(location):
         client = s3_client()
         size = client.stat(location).size
+        if size > limit:
+            raise too_long
         return bytes(client.get_range(location, 0, size)) if size else b""
     if is_http_location(location):
         with http_open(location, policy) as response:
-            data: bytes = response.read()
-            return data
-    with open(location, "rb") as stream:
-        return stream.read()
+            data: bytes = response.read(limit + 1)
+    else:
+        with open(location, "rb") as stream:
+            data = stream.read(limit + 1)
+    if len(data) > limit:
+        raise too_long
+    return data
 
 
 def load_manifest(source: str, policy: TransferPolicy | None = None) -> tuple[Manifest, str]:

@@ -266,6 +266,8 @@ def part_prefix(parts_directory: str, index: int, count: int) -> str:
 def _job_key(fingerprint: dict[str, Any], options: EncodeOptions, output_format: str) -> str:
     read = asdict(options.read)
     read.pop("chunk_bytes")  # chunking never changes the output
+    for limit in ("max_record_bytes", "max_decompression_ratio"):
+        read.pop(limit)  # a limit refuses or accepts; it never changes what is written
     payload = {
         "tokenizer": fingerprint,
         "read": read,
@@ -502,7 +504,7 @@ class _Run:
         files = expand_inputs(config.inputs)
         output_prefix = os.path.abspath(config.output_prefix)
         parts_directory = output_prefix + ".parts"
-        os.makedirs(parts_directory, exist_ok=True)
+        _own_directory(parts_directory)
         mine = [index for index in range(len(files)) if index % config.world_size == config.rank]
         pending: list[tuple[int, dict[str, Any]]] = []
         skipped: list[str] = []
@@ -537,6 +539,29 @@ class _Run:
     def part(self, index: int) -> str:
         """The prefix of input `index`'s part."""
         return part_prefix(self.parts_directory, index, len(self.files))
+
+
+def _own_directory(path: str) -> None:
+    """Create the directory `path` (its parent may be missing) or take the one there, refusing a
+    symlink or anything else planted at that name: parts are never written through a link
+    (elsewhere on the machine), and the directory is removed whole at the end.
+
+    Raises:
+        ValueError: `path` is a symlink or not a directory.
+    """
+    import stat
+
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(path)
+    status = os.lstat(path)
+    if stat.S_ISLNK(status.st_mode):
+        raise ValueError(
+            f"refusing to write parts into {path}: it is a symlink to {os.path.realpath(path)} "
+            "(tokenmill did not create it); remove it"
+        )
+    if not stat.S_ISDIR(status.st_mode):
+        raise ValueError(f"refusing to write parts into {path}: it is not a directory")
 
 
 def _chunk_text_bytes(chunk: Chunk) -> int:

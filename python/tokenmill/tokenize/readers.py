@@ -70,6 +70,12 @@ GIGATOKEN_CHUNK_BYTES = 8 << 20
 """Work chunk size of the gigatoken threads."""
 
 
+DEFAULT_MAX_RECORD_BYTES = 256 << 20
+DEFAULT_MAX_DECOMPRESSION_RATIO = 200.0
+# the decompression ratio is judged only past this much output (small files compress oddly)
+_RATIO_GRACE_BYTES = 256 << 20
+
+
 @dataclass(frozen=True)
 class ReadOptions:
     """How documents are taken out of the files.
@@ -81,18 +87,32 @@ class ReadOptions:
         chunk_bytes: the target size of a line-based work chunk (decompressed bytes); None:
             ``DEFAULT_CHUNK_BYTES`` (the tokenize pipeline picks ``GIGATOKEN_CHUNK_BYTES`` for
             gigatoken, whose per-call cost is about a millisecond).
+        max_record_bytes: the longest line (JSON record or text line, decompressed) or
+            ``.txt`` document accepted; a longer one is a DataFormatError naming the file and
+            line, found while streaming, before it is held in memory whole.
+        max_decompression_ratio: a ``.gz`` / ``.zst`` input whose output exceeds this many
+            times the compressed bytes read so far (once past 256 MiB of output) is refused as a
+            decompression bomb (text compresses 3-10x; gzip's ceiling is about 1000x).
     """
 
     json_key: str = "text"
     column: str = "text"
     txt_mode: str = "file"
     chunk_bytes: int | None = None
+    max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES
+    max_decompression_ratio: float = DEFAULT_MAX_DECOMPRESSION_RATIO
 
     def __post_init__(self) -> None:
         if self.txt_mode not in ("file", "line"):
             raise ValueError(f"txt_mode must be 'file' or 'line', got {self.txt_mode!r}")
         if self.chunk_bytes is not None and self.chunk_bytes < 1:
             raise ValueError(f"chunk_bytes must be >= 1, got {self.chunk_bytes}")
+        if self.max_record_bytes < 1:
+            raise ValueError(f"max_record_bytes must be >= 1, got {self.max_record_bytes}")
+        if not self.max_decompression_ratio > 1:
+            raise ValueError(
+                f"max_decompression_ratio must be > 1, got {self.max_decompression_ratio}"
+            )
         if not self.json_key:
             raise ValueError("json_key must be a non-empty string, got ''")
         if not self.column:
@@ -171,7 +191,9 @@ def expand_inputs(patterns: Sequence[str | os.PathLike[str]]) -> list[str]:
                 os.path.join(root, name)
                 for root, _, names in os.walk(text)
                 for name in names
-                if _is_known(name, walking=True) and not name.startswith(".")
+                if _is_known(name, walking=True)
+                and not name.startswith(".")
+                and os.path.isfile(os.path.join(root, name))  # no FIFO, socket or device
             ]
             if not matches:
                 raise FileNotFoundError(f"{text}: directory holds no input files ({FORMATS})")
@@ -186,7 +208,54 @@ def expand_inputs(patterns: Sequence[str | os.PathLike[str]]) -> list[str]:
         else:
             raise FileNotFoundError(f"input not found: {text}")
         found.update(os.path.abspath(path) for path in matches)
-    return sorted(found)
+    return _each_file_once(sorted(found))
+
+
+def _each_file_once(paths: list[str]) -> list[str]:
+    """`paths` without a second name of one file (the first in sorted order is kept): a
+    recursive glob through a symlink loop, or a link beside its target, names one file many
+    times, and it would be tokenized each time."""
+    seen: set[tuple[int, int]] = set()
+    unique = []
+    for path in paths:
+        status = os.stat(path)
+        key = (status.st_dev, status.st_ino)
+        if key not in seen:
+            seen.add(key)
+            unique.append(path)
+    return unique
+
+
+def open_regular_file(path: str) -> IO[bytes]:
+    """`path` opened for reading, refusing without blocking anything but a regular file (a FIFO
+    planted where an input belongs would block `open` forever): the open is non-blocking, then
+    `fstat` decides, then reads block again.
+
+    Raises:
+        DataFormatError: not a regular file (named, with its kind).
+    """
+    import fcntl
+    import stat
+
+    descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    try:
+        mode = os.fstat(descriptor).st_mode
+        if not stat.S_ISREG(mode):
+            kind = (
+                "a FIFO"
+                if stat.S_ISFIFO(mode)
+                else "a directory"
+                if stat.S_ISDIR(mode)
+                else ("a socket" if stat.S_ISSOCK(mode) else "a device or other special file")
+            )
+            raise DataFormatError(f"{path}: is {kind}, not a regular file; refusing to read it")
+        flags = fcntl.fcntl(descriptor, fcntl.F_GETFL)
+        fcntl.fcntl(descriptor, fcntl.F_SETFL, flags & ~os.O_NONBLOCK)
+        stream = os.fdopen(descriptor, "rb")
+    except BaseException:
+        os.close(descriptor)
+        raise
+    return stream
 
 
 class _CountingReader(io.RawIOBase):
@@ -205,6 +274,9 @@ class _CountingReader(io.RawIOBase):
         view[: len(data)] = data
         self.count += len(data)
         return len(data)
+
+
+_ZSTD_PIECE = 2048
 
 
 class _ZstdFrames(io.RawIOBase):
@@ -227,6 +299,8 @@ class _ZstdFrames(io.RawIOBase):
         self._in_frame = False  # some bytes of the current frame were fed
         self._output = bytearray()
         self._position = 0  # start of the unread output
+        self._input = b""  # compressed bytes read, fed from _input_at on
+        self._input_at = 0
         self._done = False
 
     def readable(self) -> bool:
@@ -237,36 +311,40 @@ class _ZstdFrames(io.RawIOBase):
             del self._output[: self._position]
             self._position = 0
         while len(self._output) < wanted and not self._done:
-            data = self._raw.read(_READ_BLOCK)
-            if not data:
-                if self._in_frame:
-                    raise DataFormatError(
-                        f"{self._path}: cannot decompress (jsonl.zst): the stream ends at byte "
-                        f"{self._consumed} inside the frame that starts at byte "
-                        f"{self._frame_start}; the file is truncated"
-                    )
-                self._done = True
-                return
-            while data:
-                fed = len(data)
-                self._in_frame = True
-                try:
-                    self._output += self._frame.decompress(data)
-                except Exception as error:  # zstandard.ZstdError
-                    raise DataFormatError(
-                        f"{self._path}: cannot decompress (jsonl.zst): corrupt frame starting at "
-                        f"byte {self._frame_start} (read up to byte {self._consumed + fed}): "
-                        f"{error}"
-                    ) from error
-                if not self._frame.eof:
-                    self._consumed += fed
-                    break
-                rest = self._frame.unused_data
-                self._consumed += fed - len(rest)
-                self._frame_start = self._consumed
-                self._frame = self._new()
-                self._in_frame = False
-                data = rest
+            if self._input_at >= len(self._input):
+                self._input, self._input_at = self._raw.read(_READ_BLOCK), 0
+                if not self._input:
+                    if self._in_frame:
+                        raise DataFormatError(
+                            f"{self._path}: cannot decompress (jsonl.zst): the stream ends at "
+                            f"byte {self._consumed} inside the frame that starts at byte "
+                            f"{self._frame_start}; the file is truncated"
+                        )
+                    self._done = True
+                    return
+            # small pieces: one decompress call expands at most _ZSTD_PIECE bytes (zstd's worst
+            # case is about 32,000x), so a bomb is seen by the caller's checks between calls
+            piece = self._input[self._input_at : self._input_at + _ZSTD_PIECE]
+            self._input_at += len(piece)
+            fed = len(piece)
+            self._in_frame = True
+            try:
+                self._output += self._frame.decompress(piece)
+            except Exception as error:  # zstandard.ZstdError
+                raise DataFormatError(
+                    f"{self._path}: cannot decompress (jsonl.zst): corrupt frame starting at "
+                    f"byte {self._frame_start} (read up to byte {self._consumed + fed}): "
+                    f"{error}"
+                ) from error
+            if not self._frame.eof:
+                self._consumed += fed
+                continue
+            rest = self._frame.unused_data
+            self._consumed += fed - len(rest)
+            self._frame_start = self._consumed
+            self._frame = self._new()
+            self._in_frame = False
+            self._input, self._input_at = rest + self._input[self._input_at :], 0
 
     def readinto(self, buffer: Any) -> int:
         view = memoryview(buffer).cast("B")
@@ -288,14 +366,20 @@ def _open_decompressed(path: str, fmt: str, raw: IO[bytes]) -> IO[bytes]:
     return raw
 
 
-def _line_chunks(path: str, fmt: str, kind: str, chunk_bytes: int) -> Iterator[Chunk]:
-    """Blocks of whole lines of about ``chunk_bytes`` (a longer line is one chunk of its own)."""
-    with open(path, "rb") as file:
+def _line_chunks(path: str, fmt: str, kind: str, options: ReadOptions) -> Iterator[Chunk]:
+    """Blocks of whole lines of about ``chunk_bytes`` (a longer line is one chunk of its own,
+    up to ``max_record_bytes``)."""
+    chunk_bytes = options.chunk_bytes or DEFAULT_CHUNK_BYTES
+    max_record = options.max_record_bytes
+    compressed = fmt != "jsonl" and fmt != "txt"
+    with open_regular_file(path) as file:
         counter = _CountingReader(file)
         stream = _open_decompressed(path, fmt, io.BufferedReader(counter, _READ_BLOCK))
-        pending = b""
+        pending = bytearray()
+        searched = 0  # pending[:searched] holds no line end of the current line
         line = 1
         reported = 0
+        decompressed = 0
         ended = False
         try:
             while not ended:
@@ -309,22 +393,33 @@ def _line_chunks(path: str, fmt: str, kind: str, chunk_bytes: int) -> Iterator[C
                         f"file, after line {line}: {error}"
                     ) from error
                 ended = not block
-                pending += block
+                if compressed:
+                    decompressed += len(block)
+                    _check_ratio(path, fmt, decompressed, counter.count, options)
+                pending += block  # a bytearray: a long line grows in place, not quadratically
                 start = 0
                 while len(pending) - start >= chunk_bytes or (ended and start < len(pending)):
                     cut = pending.rfind(b"\n", start, start + chunk_bytes) + 1
                     if cut == 0:  # no line end within a chunk: take the whole (long) line
-                        cut = pending.find(b"\n", start + chunk_bytes) + 1
+                        # (searched from where the last block's search ended, not again)
+                        cut = pending.find(b"\n", max(start + chunk_bytes, searched)) + 1
                     if cut == 0:
+                        searched = len(pending)
+                        if len(pending) - start > max_record:
+                            raise _record_too_long(path, line, max_record)
                         if not ended:
                             break  # the line continues in the next block
                         cut = len(pending)  # the last line has no newline
-                    data = pending[start:cut]
+                    elif cut - start > max_record + 1:
+                        raise _record_too_long(path, line, max_record)
+                    searched = 0
+                    data = bytes(pending[start:cut])
                     source, reported = counter.count - reported, counter.count
                     yield Chunk(path, kind, data, first_line=line, source_bytes=source)
                     line += data.count(b"\n")
                     start = cut
-                pending = pending[start:]
+                del pending[:start]
+                searched = max(searched - start, 0)
         finally:
             stream.close()
         if counter.count > reported:
@@ -356,12 +451,33 @@ def iter_chunks(path: str, options: ReadOptions) -> Iterator[Chunk]:
                 ),
             )
     elif fmt == "txt" and options.txt_mode == "file":
-        with open(path, "rb") as stream:
-            data = stream.read()
+        with open_regular_file(path) as stream:
+            data = stream.read(options.max_record_bytes + 1)
+        if len(data) > options.max_record_bytes:
+            raise _record_too_long(path, 1, options.max_record_bytes)
         yield Chunk(path, "text", data, source_bytes=len(data))
     else:
         kind = "lines" if fmt == "txt" else "jsonl"
-        yield from _line_chunks(path, fmt, kind, options.chunk_bytes or DEFAULT_CHUNK_BYTES)
+        yield from _line_chunks(path, fmt, kind, options)
+
+
+def _record_too_long(path: str, line: int, limit: int) -> DataFormatError:
+    return DataFormatError(
+        f"{path}: line {line} is longer than {limit} bytes (max_record_bytes); a record that "
+        "large is refused before it is held in memory (raise ReadOptions.max_record_bytes if "
+        "it is meant)"
+    )
+
+
+def _check_ratio(path: str, fmt: str, output: int, read: int, options: ReadOptions) -> None:
+    """DataFormatError for a decompression bomb: more than `max_decompression_ratio` times
+    the compressed bytes read, once the output passes the grace size."""
+    if output > _RATIO_GRACE_BYTES and output > options.max_decompression_ratio * max(read, 1):
+        raise DataFormatError(
+            f"{path}: {fmt} decompresses to more than {options.max_decompression_ratio:g} times "
+            f"its size ({output} bytes out of {read}); refusing it as a decompression bomb "
+            "(raise ReadOptions.max_decompression_ratio if it is meant)"
+        )
 
 
 def _open_parquet(path: str) -> Any:
@@ -377,6 +493,11 @@ def _check_column(parquet: Any, path: str, column: str) -> None:
     import pyarrow as pa
 
     schema = parquet.schema_arrow
+    if schema.names.count(column) > 1:
+        raise DataFormatError(
+            f"{path}: {schema.names.count(column)} columns are named {column!r}; which one holds "
+            "the text is ambiguous"
+        )
     if column not in schema.names:
         raise DataFormatError(
             f"{path}: no column {column!r}; columns are {schema.names} (choose one with --column)"
@@ -393,6 +514,23 @@ def _decode(data: bytes, path: str, where: str) -> str:
         raise DataFormatError(
             f"{path}: {where}: invalid UTF-8 at byte {error.start}: {data[error.start : error.start + 8]!r}"
         ) from error
+
+
+def _refuse_repeated_key(raw: bytes, key: str, path: str, number: int) -> None:
+    """DataFormatError if the JSON object `raw` holds the member `key` more than once at its
+    top level (json.loads keeps the last, silently; which text was meant is ambiguous)."""
+    top: list[list[tuple[str, Any]]] = []
+
+    def record_pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
+        top[:] = [items]  # objects are built inside out: the last one is the top level
+        return dict(items)
+
+    json.loads(raw, object_pairs_hook=record_pairs)
+    if top and sum(1 for name, _ in top[0] if name == key) > 1:
+        raise DataFormatError(
+            f"{path}: line {number}: the key {key!r} appears more than once in the record; "
+            "which text is meant is ambiguous"
+        )
 
 
 def parse_chunk(chunk: Chunk, options: ReadOptions) -> list[str]:
@@ -439,6 +577,8 @@ def parse_chunk(chunk: Chunk, options: ReadOptions) -> list[str]:
             raise DataFormatError(
                 f"{path}: line {number}: expected a JSON object, got {type(record).__name__}"
             )
+        if raw.count(json.dumps(key).encode()) > 1:
+            _refuse_repeated_key(raw, key, path, number)
         if key not in record:
             raise DataFormatError(
                 f"{path}: line {number}: no key {key!r}; keys are {sorted(record)[:10]} "
@@ -450,6 +590,15 @@ def parse_chunk(chunk: Chunk, options: ReadOptions) -> list[str]:
                 f"{path}: line {number}: {key!r} must be a string, got "
                 f"{type(text).__name__} {str(text)[:40]!r}"
             )
+        if b"\\ud" in raw.lower():  # a \uD800-\uDFFF escape: maybe a lone surrogate
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError as error:
+                raise DataFormatError(
+                    f"{path}: line {number}: {key!r} holds a lone surrogate "
+                    f"{text[error.start]!r} at character {error.start} (not encodable as "
+                    "UTF-8; an unpaired \\uD8xx-\\uDFxx escape)"
+                ) from None
         documents.append(text)
     return documents
 
