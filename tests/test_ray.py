@@ -284,12 +284,10 @@ def _ray_start(arguments: list[str], log: Path) -> subprocess.Popen[bytes]:
     """`ray start --block ...` in its own process group (stopped by signalling the group: never
     `ray stop`, which would stop every Ray cluster on the machine)."""
     command = [str(Path(sys.executable).parent / "ray"), "start", "--block", *arguments]
-    return subprocess.Popen(
-        command,
-        stdout=log.open("wb"),
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
+    with log.open("wb") as output:  # the child keeps its own descriptor
+        return subprocess.Popen(
+            command, stdout=output, stderr=subprocess.STDOUT, start_new_session=True
+        )
 
 
 def _stop(process: subprocess.Popen[bytes]) -> None:
