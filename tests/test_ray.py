@@ -33,6 +33,8 @@ from tokenmill.ray import plan_ranges, tokenize_dataset, tokenize_on_ray
 from tokenmill.ray.engine import _byte_range_chunks
 from tokenmill.tokenize import ReadOptions, TokenizeConfig, TokenizerSpec, tokenize
 
+from conftest import S3Service
+
 SUFFIXES = (".bin", ".idx", ".tokenmill.json")
 # Ray's token authentication writes ~/.ray/auth_token and every client must present it; these
 # throwaway clusters listen on 127.0.0.1 only
@@ -111,8 +113,9 @@ def _assert_same(expected: Path, actual: Path, suffixes: tuple[str, ...] = SUFFI
 
 
 @pytest.fixture(scope="module")
-def local_ray() -> Iterator[None]:
-    """A Ray instance of 2 CPUs started by this process (stopped after the module)."""
+def local_ray(s3_service: S3Service) -> Iterator[None]:
+    """A Ray instance of 2 CPUs started by this process (stopped after the module), after the
+    S3 test server's endpoint and credentials are in the environment its workers inherit."""
     assert not ray.is_initialized()
     ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING")
     try:
@@ -184,6 +187,29 @@ def test_ray_output_equals_single_machine(
     )
     assert again.parts == [] and len(again.skipped) == len(result.parts)
     _assert_same(single, prefix)
+
+
+def test_s3_inputs(
+    corpus: dict[str, Path], single: Path, local_ray: None, s3_service: S3Service, tmp_path: Path
+) -> None:
+    """s3:// inputs (a glob): each object is downloaded by the actor that reads it; the tokens
+    and index equal single-machine tokenize of the local files, the sidecar names the URLs."""
+    bucket = s3_service.new_bucket()
+    for path in sorted(corpus["inputs"].iterdir()):
+        bucket.put(f"corpus/{path.name}", path.read_bytes())
+    config = _config(corpus, tmp_path / "ray")
+    config = TokenizeConfig(
+        inputs=(bucket.url("corpus/*"),),
+        output_prefix=config.output_prefix,
+        tokenizer=config.tokenizer,
+        progress=False,
+    )
+    tokenize_on_ray(config, actors=2)
+    _assert_same(single, tmp_path / "ray", (".bin", ".idx"))
+    sidecar = json.loads((tmp_path / "ray.tokenmill.json").read_text())
+    assert [entry["path"] for entry in sidecar["inputs"]] == [
+        bucket.url(f"corpus/{name}") for name in ("a.jsonl", "b.jsonl.zst", "c.parquet")
+    ]
 
 
 def test_ray_nanogpt_output(corpus: dict[str, Path], local_ray: None, tmp_path: Path) -> None:
