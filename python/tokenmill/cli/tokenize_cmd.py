@@ -28,6 +28,8 @@ examples:
   # 8 machines (or a SLURM array: SLURM_ARRAY_TASK_ID/COUNT), then one merge
   tokenmill tokenize 'data/**/*.jsonl' --rank $R --world-size 8 --output out/web
   tokenmill merge out/web.parts --output out/web
+  # a Ray cluster (pip install 'tokenmill[ray]'): the same bytes, Ray schedules and retries
+  tokenmill tokenize 'data/**/*.jsonl' --engine ray --ray-address head:6379 --output /shared/web
 
 A tokenizer file runs on gigatoken when it is installed (pip install 'tokenmill[gigatoken]'),
 loads the file and agrees with the file's own library on a probe text; otherwise on HF
@@ -126,6 +128,19 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="--format nanogpt: tokens per shard [10**8, fineweb's shards; at most 2**31 - 4096 "
         "bytes of tokens, what modded-nanogpt's loader reads in one call]",
     )
+    parser.add_argument(
+        "--engine",
+        choices=("local", "ray"),
+        default="local",
+        help="local: this machine's cores (--threads; --rank/--world-size for arrays); ray: a "
+        "Ray actor pool writes the parts, the output on a path every node sees "
+        "(pip install 'tokenmill[ray]'; docs/ray.md) [local]",
+    )
+    parser.add_argument(
+        "--ray-address",
+        help="the Ray cluster for --engine ray (host:port or ray://host:port) [env RAY_ADDRESS, "
+        "else a new local cluster]",
+    )
     parser.add_argument("--keep-parts", action="store_true", help="keep <output>.parts/")
     parser.add_argument("--quiet", "-q", action="store_true", help="no progress bar or lines")
     parser.set_defaults(handler=run_tokenize)
@@ -191,8 +206,15 @@ def run_tokenize(args: argparse.Namespace) -> int:
             progress=not args.quiet,
             memory_budget=max(1, int(args.memory_budget_mb * (1 << 20))),
         )
-        result = tokenize(config)
-    except (TokenmillError, ValueError, OSError, NotImplementedError) as error:
+        if args.engine == "ray":
+            from tokenmill.ray.engine import tokenize_on_ray
+
+            result = tokenize_on_ray(config, address=args.ray_address)
+        else:
+            if args.ray_address:
+                raise ValueError("--ray-address needs --engine ray")
+            result = tokenize(config)
+    except (TokenmillError, ValueError, OSError, NotImplementedError, ImportError) as error:
         return _fail(error)
     if not args.quiet:
         where = result.output_prefix or f"{len(result.parts)} part(s)"
