@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from conftest import TinyTokenizer, random_documents, write_megatron_shard
+from oracles import import_oracle
 
 torch = pytest.importorskip("torch")
 
@@ -151,9 +152,9 @@ def test_batch_equals_stacked_samples_for_every_flag_combination(tmp_path: Path,
 def test_batch_matches_megatron_default_collate(tmp_path: Path) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        gpt = pytest.importorskip("megatron.core.datasets.gpt_dataset")
-        indexed = pytest.importorskip("megatron.core.datasets.indexed_dataset")
-        utils = pytest.importorskip("megatron.core.datasets.utils")
+        gpt = import_oracle("megatron.core.datasets.gpt_dataset")
+        indexed = import_oracle("megatron.core.datasets.indexed_dataset")
+        utils = import_oracle("megatron.core.datasets.utils")
     rng = np.random.default_rng(3)
     prefix = make_corpus(tmp_path, rng, "mixed", None)
     for case in range(16):
