@@ -3,7 +3,7 @@
 Each harness replays its seed corpus plus a few hundred deterministic random mutations (bit
 flips, interesting integers, truncation, splices, inserted bytes). A harness swallows only the
 exception types its parser documents, so any other exception fails the test. The long
-coverage-guided runs (>= 10^6 executions each, under atheris) are documented in
+coverage-guided runs (atheris; tests/fuzz/campaign.py, logs in docs/fuzz/) are documented in
 docs/reliability.md; the inputs they found are replayed here too (REGRESSIONS).
 """
 
