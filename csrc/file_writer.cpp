@@ -333,7 +333,7 @@ std::vector<uint64_t> FileWriter::submit_all(std::vector<Job> jobs) {
   try {
     for (Job& job : jobs) {
       job.ticket = next_ticket_++;
-      outcomes_.emplace(job.ticket, std::nullopt);  // allocated here, where a failure can throw
+      outcomes_.emplace(job.ticket, Pending{});  // allocated here, where a failure can throw
       tickets.push_back(job.ticket);
     }
   } catch (...) {
@@ -345,7 +345,7 @@ std::vector<uint64_t> FileWriter::submit_all(std::vector<Job> jobs) {
       lock.unlock();
       FileWriteOutcome outcome = run(job);
       lock.lock();
-      outcomes_.find(job.ticket)->second = outcome;
+      outcomes_.find(job.ticket)->second.outcome = outcome;
     }
     return tickets;
   }
@@ -378,23 +378,28 @@ void FileWriter::run_worker() {
     lock.unlock();
     FileWriteOutcome outcome = run(job);
     lock.lock();
-    outcomes_.find(job.ticket)->second = outcome;  // no allocation: a worker cannot fail here
+    outcomes_.find(job.ticket)->second.outcome = outcome;  // no allocation: a worker cannot fail here
     job_done_.notify_all();
   }
 }
 
 FileWriteOutcome FileWriter::wait(uint64_t ticket) {
   std::unique_lock<std::mutex> lock(mutex_);
-  if (outcomes_.find(ticket) == outcomes_.end()) {
+  auto found = outcomes_.find(ticket);
+  if (found == outcomes_.end()) {
     throw std::invalid_argument("unknown or already waited-for ticket");
   }
-  // found again after every wake-up: another submit may have rehashed the map meanwhile
-  auto found = outcomes_.find(ticket);
+  // One waiter per ticket: a second thread waiting on it would find the entry gone once the
+  // first has taken the outcome (a dereferenced end()), so it is refused here, under the lock.
+  if (found->second.waited) throw std::invalid_argument("ticket already being waited for");
+  found->second.waited = true;
+  // found again after every wake-up: another submit may have rehashed the map meanwhile (only
+  // this waiter erases the entry, so it is still there)
   job_done_.wait(lock, [&] {
     found = outcomes_.find(ticket);
-    return found->second.has_value();
+    return found->second.outcome.has_value();
   });
-  FileWriteOutcome outcome = *found->second;
+  FileWriteOutcome outcome = *found->second.outcome;
   outcomes_.erase(found);
   return outcome;
 }

@@ -73,6 +73,8 @@ class FileWriter {
   std::vector<uint64_t> submit_writes(
       std::vector<std::pair<std::string, std::vector<FileChunk>>> files, bool sync);
   uint64_t submit_sync(std::string path);
+  // The job's outcome, once it has run; std::invalid_argument for a ticket that is unknown,
+  // already waited for, or being waited for by another thread.
   FileWriteOutcome wait(uint64_t ticket);
 
  private:
@@ -94,8 +96,12 @@ class FileWriter {
   std::condition_variable work_ready_;
   std::condition_variable job_done_;
   std::deque<Job> queue_;
-  // every ticket submitted and not yet waited for: its outcome once the job has run
-  std::unordered_map<uint64_t, std::optional<FileWriteOutcome>> outcomes_;
+  struct Pending {
+    std::optional<FileWriteOutcome> outcome;  // once the job has run
+    bool waited = false;                      // a thread is in wait() for it
+  };
+  // every ticket submitted and not yet waited for
+  std::unordered_map<uint64_t, Pending> outcomes_;
   std::vector<std::thread> workers_;
   uint64_t next_ticket_ = 1;
   size_t idle_ = 0;

@@ -11,6 +11,9 @@ from typing import Any
 import numpy as np
 import pytest
 
+import oracles
+from oracles import import_oracle
+
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 try:
@@ -101,7 +104,7 @@ def random_documents(
     return documents
 
 
-def pytest_terminal_summary(terminalreporter: Any) -> None:
+def _differential_coverage_summary(terminalreporter: Any) -> None:
     """The differential suites' pair coverage (tests/covering.py): pairs of settings the
     compared cases reached, with refusals and zero-length datasets counted apart. With
     TOKENMILL_DIFFERENTIAL_REPORT=PATH the same lines are also written to PATH."""
@@ -116,6 +119,31 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
     target = os.environ.get("TOKENMILL_DIFFERENTIAL_REPORT")
     if target:
         Path(target).write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+# -- test oracles (tests/oracles.py): missing or broken ones fail, never skip ---------------------
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tag every megatron-marked test (junit XML: property oracle=megatron-core): .ci/run counts
+    the ones that ran."""
+    for item in items:
+        if item.get_closest_marker("megatron") is not None:
+            item.user_properties.append(("oracle", "megatron-core"))
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """A megatron-marked test fails when megatron-core is missing or broken, whatever it imports."""
+    if item.get_closest_marker("megatron") is not None:
+        oracles.require("megatron-core")
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    _differential_coverage_summary(terminalreporter)
+    if oracles.MISSING:
+        terminalreporter.section("missing or broken test oracles", red=True, bold=True)
+        for name, reason in sorted(oracles.MISSING.items()):
+            terminalreporter.line(oracles.message(name, reason))
 
 
 @pytest.fixture
@@ -203,7 +231,7 @@ class S3Bucket:
 def s3_service() -> Iterator[S3Service]:
     """moto's ThreadedMotoServer on 127.0.0.1:<free port> with test credentials, small retry
     budgets and AWS_ENDPOINT_URL in the environment (what tokenmill's client reads)."""
-    pytest.importorskip("moto.server")
+    import_oracle("moto.server")
     import logging
 
     from s3_support import TEST_ENVIRONMENT, MotoServer

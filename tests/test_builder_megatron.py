@@ -23,6 +23,7 @@ from covering import NIGHTLY, all_pairs, pairs_of, pairwise_cases, suite
 
 from conftest import TinyTokenizer, random_documents, write_megatron_shard
 from megatron_compare import assert_same_refusal
+from oracles import import_oracle
 
 # These tests build datasets with megatron's default create_attention_mask=True on purpose.
 pytestmark = [
@@ -33,13 +34,11 @@ pytestmark = [
 torch = pytest.importorskip("torch")
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")
-    megatron_builder = pytest.importorskip(
-        "megatron.core.datasets.blended_megatron_dataset_builder"
-    )
-    megatron_blended = pytest.importorskip("megatron.core.datasets.blended_dataset")
-    megatron_gpt = pytest.importorskip("megatron.core.datasets.gpt_dataset")
-    megatron_config = pytest.importorskip("megatron.core.datasets.blended_megatron_dataset_config")
-    megatron_utils = pytest.importorskip("megatron.core.datasets.utils")
+    megatron_builder = import_oracle("megatron.core.datasets.blended_megatron_dataset_builder")
+    megatron_blended = import_oracle("megatron.core.datasets.blended_dataset")
+    megatron_gpt = import_oracle("megatron.core.datasets.gpt_dataset")
+    megatron_config = import_oracle("megatron.core.datasets.blended_megatron_dataset_config")
+    megatron_utils = import_oracle("megatron.core.datasets.utils")
 
 from tokenmill.datasets import utils
 from tokenmill.datasets.blended import BlendedDataset

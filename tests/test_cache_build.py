@@ -18,6 +18,7 @@ from tokenmill.runs.cache_build import build_cache, check_cache
 from tokenmill.runs.config_file import load_run_config, parse_sizes
 
 from conftest import TinyTokenizer, random_documents, write_megatron_shard
+from oracles import import_oracle
 
 SIZES = [300, 40, 8]
 TOKENIZER = {
@@ -112,10 +113,8 @@ def test_cache_equals_megatron_cores_cache(
     torch = pytest.importorskip("torch")  # noqa: F841 - megatron-core needs it
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        megatron_builder = pytest.importorskip(
-            "megatron.core.datasets.blended_megatron_dataset_builder"
-        )
-        megatron_gpt = pytest.importorskip("megatron.core.datasets.gpt_dataset")
+        megatron_builder = import_oracle("megatron.core.datasets.blended_megatron_dataset_builder")
+        megatron_gpt = import_oracle("megatron.core.datasets.gpt_dataset")
     _, cache, prefixes = built
     values = fields(prefixes, tmp_path / "megatron")
     values["blend"] = (prefixes, [0.5, 0.3, 0.2])

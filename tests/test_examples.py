@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from oracles import import_oracle
+
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 
@@ -44,7 +46,7 @@ def run_example(*args: str) -> str:
 
 @pytest.mark.megatron
 def test_megatron_switch_serves_megatron_cores_batches_through_megatrons_loader() -> None:
-    pytest.importorskip("megatron.core")
+    import_oracle("megatron.core")
     output = run_example(
         str(EXAMPLES / "megatron_switch.py"),
         "--tokens",
@@ -80,8 +82,8 @@ def test_mixture_curriculum_resumes_on_another_topology_with_the_same_stream() -
 
 
 def test_stream_from_s3_trains_on_batches_equal_to_the_local_read() -> None:
-    pytest.importorskip("moto")
-    pytest.importorskip("boto3")
+    import_oracle("moto")
+    import_oracle("boto3")
     output = run_example(
         str(EXAMPLES / "stream_from_s3.py"),
         "--steps",

@@ -6,8 +6,10 @@ from __future__ import annotations
 import errno
 import fcntl
 import gc
+import json
 import multiprocessing
 import os
+import subprocess
 import sys
 import threading
 from pathlib import Path
@@ -166,6 +168,55 @@ def test_bad_arguments_and_tickets(tmp_path: Path) -> None:
         writer.wait(10**6)
     with pytest.raises(ValueError, match="threads must be >= 0"):
         FileWriter(-1)
+
+
+_TWO_WAITERS = """
+import json, os, sys, threading, time
+from tokenmill._core import FileWriter
+
+fifo = sys.argv[1]
+os.mkfifo(fifo)
+writer = FileWriter(1)
+ticket = writer.submit_sync(fifo)  # its worker blocks opening the FIFO until a writer opens it
+start = threading.Barrier(2)
+results = []
+
+def wait():
+    start.wait()
+    try:
+        results.append(["outcome", list(writer.wait(ticket))])
+    except Exception as error:
+        results.append([type(error).__name__, str(error)])
+
+threads = [threading.Thread(target=wait) for _ in range(2)]
+for thread in threads:
+    thread.start()
+time.sleep(0.5)  # not a measurement: lets both threads reach wait() while the job is stuck
+os.close(os.open(fifo, os.O_WRONLY))  # the job goes on (fsync of a FIFO fails: an outcome)
+for thread in threads:
+    thread.join()
+print(json.dumps(results))
+"""
+
+
+def test_two_threads_waiting_on_one_ticket_one_gets_a_value_error(tmp_path: Path) -> None:
+    """Two threads wait on one ticket while its job runs: one gets the outcome, the other a
+    ValueError (before the fix, both waited and the second, woken after the first had taken and
+    erased the outcome, dereferenced the missing entry: a segfault). In a child process, so a
+    crash fails this test rather than the test run."""
+    result = subprocess.run(
+        [sys.executable, "-c", _TWO_WAITERS, str(tmp_path / "fifo")],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+    )
+    assert result.returncode == 0, f"exit {result.returncode}: {result.stderr[-2000:]}"
+    results = sorted(json.loads(result.stdout), key=lambda pair: pair[0])
+    assert [kind for kind, _ in results] == ["ValueError", "outcome"], results
+    assert "already" in results[0][1], results
+    error, step = results[1][1][:2]
+    assert error == errno.EINVAL and step == 5  # fsync(2) of a FIFO: the job's own outcome
 
 
 def test_the_writer_keeps_the_bytes_alive_until_waited_for(tmp_path: Path) -> None:

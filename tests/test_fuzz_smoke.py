@@ -3,7 +3,7 @@
 Each harness replays its seed corpus plus a few hundred deterministic random mutations (bit
 flips, interesting integers, truncation, splices, inserted bytes). A harness swallows only the
 exception types its parser documents, so any other exception fails the test. The long
-coverage-guided runs (>= 10^6 executions each, under atheris) are documented in
+coverage-guided runs (atheris; tests/fuzz/campaign.py, logs in docs/fuzz/) are documented in
 docs/reliability.md; the inputs they found are replayed here too (REGRESSIONS).
 """
 
@@ -12,13 +12,18 @@ from __future__ import annotations
 import base64
 import io
 import random
+import re
 import struct
+import subprocess
+import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
 from fuzz import harnesses
+from fuzz.targets import TARGETS
 from tokenmill.errors import CacheError
 
 pytestmark = pytest.mark.filterwarnings("ignore::tokenmill.errors.PerformanceWarning")
@@ -312,3 +317,134 @@ def test_blended_harness_runs_each_path_and_lets_other_errors_escape(
     monkeypatch.setattr(path, broken)
     with pytest.raises(KeyError):
         harnesses.blended_cache(seed)
+
+
+# -- the campaigns' targets (tests/fuzz/targets.py) and their freshness ----------------------------
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _binding_sources(function: str) -> set[str]:
+    """The binding file that defines `_core.<function>` (or a method of that name) and the
+    kernel sources it includes (`#include "../x.hpp"`: x.hpp and x.cpp)."""
+    found: set[str] = set()
+    for binding in sorted((ROOT / "csrc" / "bindings").glob("*.cpp")):
+        text = binding.read_text(encoding="utf-8")
+        if re.search(rf'\.?def\(\s*"{re.escape(function)}"', text) is None:
+            continue
+        found.add(str(binding.relative_to(ROOT)))
+        for header in re.findall(r'#include "\.\./([a-z_]+)\.hpp"', text):
+            found.add(f"csrc/{header}.hpp")
+            if (ROOT / "csrc" / f"{header}.cpp").is_file():
+                found.add(f"csrc/{header}.cpp")
+    return found
+
+
+def _code_run_by(name: str) -> set[str]:
+    """The tokenmill modules and `_core` sources the harness runs on its seeds (after one empty
+    input, which builds its fixture), from the repository root."""
+    import sys
+    import threading
+
+    import tokenmill
+
+    package = str(Path(tokenmill.__file__).resolve().parent) + "/"
+    harness = harnesses.HARNESSES[name]
+    harness(b"")
+    seeds = harnesses.seeds(name)
+    modules: set[str] = set()
+    functions: set[str] = set()
+
+    def record(frame: Any, event: str, argument: Any) -> None:
+        filename = frame.f_code.co_filename
+        if filename.startswith(package):
+            modules.add("python/tokenmill/" + filename[len(package) :])
+        if event == "c_call":
+            owner = getattr(argument, "__self__", None)
+            module = getattr(argument, "__module__", None) or type(owner).__module__
+            if str(module).startswith("tokenmill._core"):
+                functions.add(argument.__name__)
+
+    sys.setprofile(record)
+    threading.setprofile(record)
+    try:
+        for seed in seeds:
+            harness(seed)
+    finally:
+        sys.setprofile(None)
+        threading.setprofile(None)  # type: ignore[arg-type]
+    sources = set().union(*(_binding_sources(function) for function in functions))
+    assert not {f for f in functions if not _binding_sources(f)}, "a _core call not found"
+    return modules | sources
+
+
+def test_targets_name_every_harness_and_existing_files() -> None:
+    assert set(TARGETS) == set(harnesses.HARNESSES)
+    missing = {path for paths in TARGETS.values() for path in paths if not (ROOT / path).is_file()}
+    assert missing == set()
+
+
+@pytest.mark.parametrize("name", sorted(harnesses.HARNESSES))
+def test_targets_cover_the_code_the_harness_runs(name: str) -> None:
+    """Every tokenmill module a harness runs on its seeds, and the binding (with the kernel
+    sources it includes) of every `_core` function it calls, is one of its targets: a change
+    to any of them makes `benchmarks/fuzz_freshness.py` list the harness."""
+    assert _code_run_by(name) - set(TARGETS[name]) == set()
+
+
+def _git(root: Path, *args: str) -> str:
+    return subprocess.run(
+        ["git", "-C", str(root), *args], capture_output=True, text=True, check=True
+    ).stdout.strip()
+
+
+def _freshness(root: Path) -> subprocess.CompletedProcess[str]:
+    script = ROOT / "benchmarks" / "fuzz_freshness.py"
+    return subprocess.run(
+        [sys.executable, str(script), "--root", str(root)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+
+
+def test_fuzz_freshness_lists_a_harness_whose_target_changed_after_its_log(
+    tmp_path: Path,
+) -> None:
+    """In a scratch repository: a log naming the commit of its target is fresh; a later commit
+    to the target lists the harness (naming that commit); a log naming no commit is listed."""
+    root = tmp_path / "repo"
+    (root / "tests" / "fuzz").mkdir(parents=True)
+    (root / "docs" / "fuzz").mkdir(parents=True)
+    (root / "src").mkdir()
+    (root / "tests" / "fuzz" / "targets.py").write_text(
+        'TARGETS: dict[str, tuple[str, ...]] = {"reader": ("src/reader.py",), "other": ("src/o.py",)}\n'
+    )
+    (root / "src" / "reader.py").write_text("one\n")
+    (root / "src" / "o.py").write_text("other\n")
+    _git(root, "init", "-q")
+    for key, value in (("user.email", "t@example.com"), ("user.name", "t")):
+        _git(root, "config", key, value)
+    _git(root, "add", ".")
+    _git(root, "commit", "-q", "-m", "the reader")
+    ran_on = _git(root, "rev-parse", "HEAD")
+    (root / "docs" / "fuzz" / "reader.log").write_text(f"# header\n# commit: {ran_on}\nexit=0\n")
+    (root / "docs" / "fuzz" / "other.log").write_text("# a log of before commits were named\n")
+    _git(root, "add", ".")
+    _git(root, "commit", "-q", "-m", "the campaign logs")
+    listed = _freshness(root)
+    assert listed.returncode == 1
+    assert "other: docs/fuzz/other.log names no commit" in listed.stdout
+    assert "reader" not in listed.stdout
+    (root / "docs" / "fuzz" / "other.log").write_text(f"# commit: {ran_on}\n")
+    _git(root, "commit", "-q", "-am", "other's log names its commit")
+    fresh = _freshness(root)
+    assert (fresh.returncode, fresh.stdout.splitlines()[-1][:5]) == (0, "none:"), fresh.stdout
+    (root / "src" / "reader.py").write_text("two\n")
+    _git(root, "commit", "-q", "-am", "the reader changes")
+    changed = _git(root, "rev-parse", "--short", "HEAD")
+    listed = _freshness(root)
+    assert listed.returncode == 1
+    assert listed.stdout.startswith(f"reader: targets changed after {ran_on[:12]}")
+    assert f"{changed} " in listed.stdout and "the reader changes" in listed.stdout
+    assert "src/reader.py" in listed.stdout and "other" not in listed.stdout

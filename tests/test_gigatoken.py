@@ -24,9 +24,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-pytest.importorskip("gigatoken")
-pytest.importorskip("tokenizers")
-pytest.importorskip("tiktoken")
+from oracles import import_oracle
+
+import_oracle("gigatoken")
+import_oracle("tokenizers")
+import_oracle("tiktoken")
 
 from tokenmill.errors import DataFormatError
 from tokenmill.formats.dataset_sidecar import check_compatible, read_sidecar

@@ -24,6 +24,7 @@ import pytest
 from covering import NIGHTLY, all_pairs, pairs_of, pairwise_cases, suite
 
 from conftest import TinyTokenizer, random_documents, write_megatron_shard
+from oracles import import_oracle
 
 # These tests build datasets with megatron's default create_attention_mask=True on purpose.
 pytestmark = [
@@ -34,9 +35,9 @@ pytestmark = [
 torch = pytest.importorskip("torch")
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")
-    megatron_gpt = pytest.importorskip("megatron.core.datasets.gpt_dataset")
-    megatron_indexed = pytest.importorskip("megatron.core.datasets.indexed_dataset")
-    megatron_utils = pytest.importorskip("megatron.core.datasets.utils")
+    megatron_gpt = import_oracle("megatron.core.datasets.gpt_dataset")
+    megatron_indexed = import_oracle("megatron.core.datasets.indexed_dataset")
+    megatron_utils = import_oracle("megatron.core.datasets.utils")
 
 from tokenmill.datasets.gpt import GPTDataset, GPTDatasetConfig, MockGPTDataset
 from tokenmill.datasets.utils import Split
@@ -415,7 +416,7 @@ def test_final_epoch_rule_matches_megatron(
 
 
 def test_megatron_tokenizer_object_works_as_is(tmp_path: Path) -> None:
-    null_tokenizer = pytest.importorskip(
+    null_tokenizer = import_oracle(
         "megatron.core.tokenizers.text.libraries.null_tokenizer"
     ).NullTokenizer(1000)
     rng = np.random.default_rng(8)

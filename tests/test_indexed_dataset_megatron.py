@@ -11,7 +11,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-megatron = pytest.importorskip("megatron.core.datasets.indexed_dataset")
+from oracles import import_oracle
+
+megatron = import_oracle("megatron.core.datasets.indexed_dataset")
 torch = pytest.importorskip("torch")
 from hypothesis import given, settings
 from hypothesis import strategies as st

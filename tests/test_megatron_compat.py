@@ -25,6 +25,7 @@ import pytest
 
 from conftest import TinyTokenizer, random_documents, write_megatron_shard
 from megatron_compare import assert_same_sample, compare_datasets
+from oracles import import_oracle
 
 pytestmark = [
     pytest.mark.megatron,
@@ -34,7 +35,7 @@ pytestmark = [
 torch = pytest.importorskip("torch")
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")
-    pytest.importorskip("megatron.core.datasets.gpt_dataset")
+    import_oracle("megatron.core.datasets.gpt_dataset")
 
 import tokenmill
 from tokenmill.datasets.gpt import GPTDataset, GPTDatasetConfig

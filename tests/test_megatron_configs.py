@@ -37,6 +37,7 @@ from covering import NIGHTLY, all_pairs, pairs_of, pairwise_cases, suite
 
 from conftest import random_documents, write_megatron_shard
 from megatron_compare import assert_same_refusal, cache_files, compare_results
+from oracles import import_oracle
 
 pytestmark = [
     pytest.mark.megatron,
@@ -46,10 +47,8 @@ pytestmark = [
 torch = pytest.importorskip("torch")
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")
-    megatron_builder = pytest.importorskip(
-        "megatron.core.datasets.blended_megatron_dataset_builder"
-    )
-    megatron_gpt = pytest.importorskip("megatron.core.datasets.gpt_dataset")
+    megatron_builder = import_oracle("megatron.core.datasets.blended_megatron_dataset_builder")
+    megatron_gpt = import_oracle("megatron.core.datasets.gpt_dataset")
 
 from tokenmill.datasets.builder import BlendedMegatronDatasetBuilder
 from tokenmill.datasets.gpt import GPTDataset, GPTDatasetConfig, MockGPTDataset

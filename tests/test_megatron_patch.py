@@ -27,13 +27,14 @@ import numpy as np
 import pytest
 
 from conftest import random_documents, write_megatron_shard
+from oracles import import_oracle
 
 pytestmark = pytest.mark.megatron
 
 torch = pytest.importorskip("torch")
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")
-    pytest.importorskip("megatron.core.datasets.gpt_dataset")
+    import_oracle("megatron.core.datasets.gpt_dataset")
     pytest.importorskip("typing_extensions")
 
 from tokenmill.formats.megatron import IndexedDatasetBuilder

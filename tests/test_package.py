@@ -137,6 +137,37 @@ def test_version_is_written_once() -> None:
     assert f'__version__ = "{tokenmill.__version__}"' in source.read_text(encoding="utf-8")
 
 
+def test_the_core_does_not_declare_free_threading_support() -> None:
+    """No free-threaded wheel is built or tested and the package assumes a GIL, so `_core` must
+    not declare that it runs without one (pybind11's `py::mod_gil_not_used()`): a free-threaded
+    interpreter then turns the GIL back on when it imports the module. On such an interpreter
+    that is checked on the binary; on a GIL build, where the declaration leaves no trace in the
+    module, on the source of the module definition."""
+    import sysconfig
+    from pathlib import Path
+
+    if sysconfig.get_config_var("Py_GIL_DISABLED"):
+        code = "import sys, tokenmill._core; print(sys._is_gil_enabled())"
+        result = subprocess.run(
+            [sys.executable, "-W", "ignore", "-X", "gil=0", "-c", code],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.strip() == "True"
+        return
+    module = Path(__file__).resolve().parents[1] / "csrc" / "bindings" / "module.cpp"
+    if not module.is_file():
+        pytest.skip("a GIL build not run from a source checkout: nothing to read the flag from")
+    source = module.read_text(encoding="utf-8")
+    definition = re.search(r"PYBIND11_MODULE\(([^)]*)\)", source)
+    assert definition is not None
+    assert definition.group(1).replace(" ", "") == "_core,m"
+    code_lines = [line for line in source.splitlines() if not line.lstrip().startswith("//")]
+    assert not any("mod_gil_not_used" in line for line in code_lines)
+
+
 def test_bench_removes_the_working_directory_it_created(
     tmp_path: object, monkeypatch: pytest.MonkeyPatch
 ) -> None:

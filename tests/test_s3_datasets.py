@@ -11,7 +11,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-pytest.importorskip("boto3")
+from oracles import import_oracle
+
+import_oracle("boto3")
 torch = pytest.importorskip("torch")
 
 from tokenmill.common.world import World
@@ -153,7 +155,7 @@ def test_builder_blend_from_s3_equals_local(
 
 @pytest.mark.megatron
 def test_cached_idx_path_matches_megatron(tmp_path: Path) -> None:
-    megatron_utils = pytest.importorskip("megatron.core.datasets.object_storage_utils")
+    megatron_utils = import_oracle("megatron.core.datasets.object_storage_utils")
     from tokenmill.storage.object_storage import get_index_cache_path
 
     idx = "s3://bucket/some/dir/data_text_document.idx"

@@ -14,8 +14,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-pytest.importorskip("boto3")
-pytest.importorskip("moto.server")
+from oracles import import_oracle
+
+import_oracle("boto3")
+import_oracle("moto.server")
 
 from s3_support import FaultProxy, MotoServer
 from tokenmill.errors import ObjectStorageError

@@ -10,7 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-pytest.importorskip("boto3")
+from oracles import import_oracle
+
+import_oracle("boto3")
 
 from tokenmill.cli.main import main
 from tokenmill.formats.megatron import IndexedDataset

@@ -12,7 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-pytest.importorskip("boto3")
+from oracles import import_oracle
+
+import_oracle("boto3")
 
 from hypothesis import given
 from hypothesis import strategies as st

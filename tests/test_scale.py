@@ -28,6 +28,7 @@ from tokenmill._core import _testing
 from tokenmill.index.gpt_index import plan_gpt_indices
 
 from conftest import TinyTokenizer
+from oracles import import_oracle
 
 pytestmark = [
     pytest.mark.slow,
@@ -44,7 +45,7 @@ def peak_rss_bytes() -> int:
 def megatron_helpers() -> Any:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return pytest.importorskip("megatron.core.datasets.helpers")
+        return import_oracle("megatron.core.datasets.helpers")
 
 
 # -- 2^31 document-index entries -----------------------------------------------------------------
@@ -178,9 +179,9 @@ def test_dataset_beyond_2_31_tokens_matches_megatron(tmp_path: Path) -> None:
     torch = pytest.importorskip("torch")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        megatron_gpt = pytest.importorskip("megatron.core.datasets.gpt_dataset")
-        megatron_indexed = pytest.importorskip("megatron.core.datasets.indexed_dataset")
-        megatron_utils = pytest.importorskip("megatron.core.datasets.utils")
+        megatron_gpt = import_oracle("megatron.core.datasets.gpt_dataset")
+        megatron_indexed = import_oracle("megatron.core.datasets.indexed_dataset")
+        megatron_utils = import_oracle("megatron.core.datasets.utils")
     from tokenmill.datasets.gpt import GPTDataset, GPTDatasetConfig
     from tokenmill.datasets.utils import Split
     from tokenmill.formats.megatron import IndexedDataset

@@ -17,6 +17,7 @@ import pytest
 from covering import NIGHTLY, all_pairs, pairs_of, pairwise_cases, suite
 
 from conftest import TinyTokenizer, random_documents, write_megatron_shard
+from oracles import import_oracle
 
 torch = pytest.importorskip("torch")
 
@@ -210,9 +211,9 @@ def test_batch_equals_stacked_samples_for_every_flag_pair(tmp_path: Path, case: 
 def test_batch_matches_megatron_default_collate(tmp_path: Path, case: int) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        gpt = pytest.importorskip("megatron.core.datasets.gpt_dataset")
-        indexed = pytest.importorskip("megatron.core.datasets.indexed_dataset")
-        utils = pytest.importorskip("megatron.core.datasets.utils")
+        gpt = import_oracle("megatron.core.datasets.gpt_dataset")
+        indexed = import_oracle("megatron.core.datasets.indexed_dataset")
+        utils = import_oracle("megatron.core.datasets.utils")
     from megatron_compare import disable_mask_cache, documented_sample, same_outcome
 
     drawn = MEGATRON_SERVING_CASES[case]

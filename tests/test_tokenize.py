@@ -33,6 +33,7 @@ from tokenmill.tokenize.readers import ReadOptions, expand_inputs, read_document
 from tokenmill.tokenize.tokenizers import ByteTokenizer, TokenizerSpec, load_tokenizer
 
 from conftest import write_megatron_shard
+from oracles import import_oracle
 
 DOCUMENTS = [
     "Hello, world.",
@@ -308,7 +309,7 @@ def test_output_is_what_megatron_preprocess_data_writes(tmp_path: Path) -> None:
 @pytest.mark.megatron
 def test_output_equals_megatron_core_builder_calls(tmp_path: Path) -> None:
     """preprocess_data.py's calls (add_document per document, empty ones included)."""
-    megatron = pytest.importorskip("megatron.core.datasets.indexed_dataset")
+    megatron = import_oracle("megatron.core.datasets.indexed_dataset")
     corpus = write_corpus(tmp_path / "c.jsonl", DOCUMENTS)
     run([corpus], tmp_path / "out")
     builder = megatron.IndexedDatasetBuilder(

@@ -44,7 +44,8 @@ class HeldBuffer {
 };
 
 struct PendingJob {
-  uint64_t ticket = 0;  // the FileWriter's
+  uint64_t ticket = 0;   // the FileWriter's
+  bool waiting = false;  // a thread is in wait() for it: a second one is refused
   std::vector<std::unique_ptr<HeldBuffer>> buffers;
 };
 
@@ -113,6 +114,9 @@ class PyFileWriter {
     return outcomes;
   }
 
+  // One waiter per ticket: the first takes the outcome and frees the job, so a second thread
+  // waiting on the same ticket is refused (ValueError) rather than left waiting for an entry
+  // that is gone. The flag is set under jobs_mutex_, which serialises the check.
   Outcome wait(uint64_t key) {
     uint64_t ticket;
     {
@@ -121,12 +125,22 @@ class PyFileWriter {
       if (found == jobs_.end() || found->second.ticket == 0) {
         throw py::value_error("unknown or already waited-for ticket " + std::to_string(key));
       }
+      if (found->second.waiting) {
+        throw py::value_error("ticket " + std::to_string(key) +
+                              " is already being waited for by another thread");
+      }
+      found->second.waiting = true;
       ticket = found->second.ticket;
     }
     FileWriteOutcome outcome;
-    {
+    try {
       ReleasedGil release;
       outcome = writer_->wait(ticket);
+    } catch (...) {  // not taken: another wait may try again
+      std::lock_guard<std::mutex> lock(jobs_mutex_);
+      auto found = jobs_.find(key);
+      if (found != jobs_.end()) found->second.waiting = false;
+      throw;
     }
     PendingJob done;
     {

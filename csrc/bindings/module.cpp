@@ -42,7 +42,13 @@ ReleasedGil::~ReleasedGil() noexcept(false) {
 
 }  // namespace tokenmill::bindings
 
-PYBIND11_MODULE(_core, m, py::mod_gil_not_used()) {
+// No py::mod_gil_not_used(): declaring free-threading support would let a free-threaded
+// interpreter (3.13t/3.14t) run this module without the GIL, but no free-threaded wheel is built
+// or tested, and the Python package assumes a GIL (module-level caches and memos, the file
+// writer's held buffer views, numpy arrays shared between threads). Without the declaration a
+// free-threaded interpreter re-enables the GIL on import (with a RuntimeWarning), which is
+// correct; tests/test_package.py checks the module does not declare it.
+PYBIND11_MODULE(_core, m) {
   using namespace tokenmill::bindings;
   m.doc() = "tokenmill's compiled kernels (private: use the tokenmill package API)";
   main_thread_ident.store(
