@@ -926,18 +926,67 @@ def test_sequences_per_dataset_with_the_wrong_dtype_is_refused(tmp_path: Path) -
         IndexedDataset(prefix, fast_cache_load=True, sequences_per_dataset=(10, 11), dtype_code=8)
 
 
-def test_assertions_become_value_errors() -> None:
-    """Where megatron-core asserts on bad input, tokenmill raises ValueError naming the field."""
-    megatron_config = THEIRS["blended_megatron_dataset_config"]
-    with pytest.raises(AssertionError):
-        megatron_config.parse_and_normalize_split("1,2,3,4")
-    with pytest.raises(ValueError, match="at most 3 parts"):
-        OURS["blended_megatron_dataset_config"].parse_and_normalize_split("1,2,3,4")
+def _refusals(module: dict[str, Any], prefix: str) -> dict[str, Callable[[], object]]:
+    """Bad configs and inputs megatron-core refuses with a failed assert, built through
+    `module` (THEIRS or OURS)."""
+    gpt, builder = module["gpt_dataset"], module["blended_megatron_dataset_builder"]
+    config_module, utils = module["blended_megatron_dataset_config"], module["utils"]
+    fields: dict[str, Any] = {
+        "random_seed": 1, "sequence_length": 4, "tokenizer": TinyTokenizer(),
+        "reset_position_ids": False, "reset_attention_mask": False, "eod_mask_loss": False,
+    }  # fmt: skip
+
+    def config(**changes: Any) -> Callable[[], object]:
+        return lambda: gpt.GPTDatasetConfig(**{**fields, **changes})
+
+    weighted_per_split = [([prefix, prefix], [0.5, 0.5]), None, None]
+    return {
+        "split parts": lambda: config_module.parse_and_normalize_split("1,2,3,4"),
+        "reset_position_ids": config(reset_position_ids=None),
+        "tokenizer": config(tokenizer=None),
+        "split with blend": config(blend=([prefix], None)),
+        "blend weights": config(blend=([prefix, prefix], [1.0]), split="1"),
+        "blend and blend_per_split": config(
+            blend=([prefix], None), blend_per_split=[([prefix], None), None, None]
+        ),
+        "fast_cache_load": config(blend_per_split=[([prefix], None)] * 3, fast_cache_load=True),
+        "defer_npy_index_mmap": config(
+            blend=([prefix], None), split="1", defer_npy_index_mmap=True
+        ),
+        "blend_per_split length": config(blend_per_split=[([prefix], None)] * 2),
+        "weighted blend_per_split without a size": lambda: builder.BlendedMegatronDatasetBuilder(
+            gpt.GPTDataset,
+            [None, None, None],
+            lambda: True,
+            gpt.GPTDatasetConfig(**fields, blend_per_split=weighted_per_split),
+        ),
+        "weights not normalised": lambda: builder._get_size_per_split_per_dataset(
+            [0.5, 0.6], [10, 10, 10]
+        ),
+        "blend from list": lambda: utils.get_blend_from_list(["a", "b", "0.7", "c"]),
+    }
+
+
+def test_megatron_assertions_are_assertion_and_value_errors(tmp_path: Path) -> None:
+    """Where megatron-core fails an assert on bad input, tokenmill raises
+    MegatronAssertionError: an AssertionError (what megatron's callers and Megatron-LM's own
+    tests catch, e.g. test_builder.py's weighted per-split blend without a size) and a
+    ValueError whose message names the field."""
+    prefix = _shard(tmp_path)
+    theirs, ours = _refusals(THEIRS, prefix), _refusals(OURS, prefix)
+    for case, make in theirs.items():
+        with pytest.raises(AssertionError):
+            make()
+        with pytest.raises(tokenmill.MegatronAssertionError) as raised:
+            ours[case]()
+        assert isinstance(raised.value, AssertionError) and isinstance(raised.value, ValueError)
+        assert str(raised.value), case
+    with pytest.raises(AssertionError, match="at most 3 parts"):
+        ours["split parts"]()
     with pytest.raises(ValueError, match="reset_position_ids must be set"):
-        GPTDatasetConfig(
-            random_seed=1, sequence_length=4, tokenizer=TinyTokenizer(),
-            reset_attention_mask=False, eod_mask_loss=False,
-        )  # fmt: skip
+        ours["reset_position_ids"]()
+    with pytest.raises(AssertionError, match="the train split has weights but no size"):
+        ours["weighted blend_per_split without a size"]()
 
 
 def test_fast_cache_load_of_a_missing_cache_is_a_file_not_found_error(tmp_path: Path) -> None:

@@ -70,6 +70,7 @@ _EXPORTS: dict[str, str] = {
     "DataFormatError": "tokenmill.errors",
     "CacheError": "tokenmill.errors",
     "StaleCacheError": "tokenmill.errors",
+    "MegatronAssertionError": "tokenmill.errors",
     "PerformanceWarning": "tokenmill.errors",
 }
 
@@ -127,6 +128,7 @@ __all__ = [  # noqa: RUF022 - grouped like _EXPORTS
     "PerformanceWarning",
     "TokenmillError",
     "DataFormatError",
+    "MegatronAssertionError",
     "CacheError",
     "StaleCacheError",
 ]

@@ -34,7 +34,7 @@ from tokenmill.common.distributed import is_cache_builder
 from tokenmill.datasets.config import BlendedMegatronDatasetConfig
 from tokenmill.datasets.megatron_dataset import describe, described_text
 from tokenmill.datasets.utils import normalize
-from tokenmill.errors import CacheError, CacheMissingError
+from tokenmill.errors import CacheError, CacheMissingError, MegatronAssertionError
 from tokenmill.index.blending import (
     INT16_MAX_DATASETS,
     build_blending_indices,
@@ -81,30 +81,32 @@ class BlendedDataset:
         if len(datasets) == 0:
             raise ValueError("a BlendedDataset needs at least one dataset")
         if len(datasets) != len(weights):
-            raise ValueError(
+            raise MegatronAssertionError(
                 f"got {len(datasets)} datasets but {len(weights)} weights; they must match"
             )
         first = datasets[0]
         for number, dataset in enumerate(datasets):
             if type(dataset) is not type(first):
-                raise ValueError(
+                raise MegatronAssertionError(
                     f"dataset {number} is a {type(dataset).__name__}, dataset 0 a "
                     f"{type(first).__name__}: a blend holds one class"
                 )
             if dataset.index_split != first.index_split:
-                raise ValueError(
+                raise MegatronAssertionError(
                     f"dataset {number} is from split {dataset.index_split.name}, dataset 0 "
                     f"from {first.index_split.name}: a blend holds one split"
                 )
         for number, weight in enumerate(weights):
             if not weight > 0:
-                raise ValueError(f"weights[{number}] must be > 0, got {weight}")
+                raise MegatronAssertionError(f"weights[{number}] must be > 0, got {weight}")
             if type(weight) is not type(weights[0]):
-                raise ValueError("weights must all have one type (all int or all float)")
+                raise MegatronAssertionError(
+                    "weights must all have one type (all int or all float)"
+                )
         if size is None and isinstance(weights[0], float):
             for number, weight in enumerate(weights):
                 if weight != int(weight):
-                    raise ValueError(
+                    raise MegatronAssertionError(
                         f"weights[{number}] = {weight}: without a size, weights are sample "
                         "counts and must be whole numbers"
                     )

@@ -36,7 +36,7 @@ from tokenmill.datasets.utils import (
     split_bounds,
     split_document_ids,
 )
-from tokenmill.errors import ResourceLimitError
+from tokenmill.errors import MegatronAssertionError, ResourceLimitError
 from tokenmill.index.blending import compute_ahead, discard_ahead
 from tokenmill.index.cache import trusting_builder
 from tokenmill.index.cache_writes import batch_has_entries, deferred_commits
@@ -104,7 +104,7 @@ class BlendedMegatronDatasetBuilder:
                         continue
                     weights = blend[1]
                 if weights is not None:
-                    raise ValueError(
+                    raise MegatronAssertionError(
                         f"the {split.name} split has weights but no size: weighted blends need a "
                         "size (with multiple_validation_sets, give validation blends no weights)"
                     )
@@ -276,7 +276,9 @@ class BlendedMegatronDatasetBuilder:
                 continue
             if config.multiple_validation_sets and i == Split.valid.value:
                 if config.full_validation and spoof_sizes[i] is not None:
-                    raise ValueError("full_validation needs the validation size to be None")
+                    raise MegatronAssertionError(
+                        "full_validation needs the validation size to be None"
+                    )
                 results[i] = [
                     self._build_megatron_dataset_splits(prefix, spoof_split, spoof_sizes)[i]
                     for prefix in prefixes

@@ -35,6 +35,7 @@ from tokenmill.datasets.utils import (
     convert_split_vector_to_split_matrix,
     parse_and_normalize_split,
 )
+from tokenmill.errors import MegatronAssertionError
 
 if TYPE_CHECKING:
     from tokenmill.storage.object_storage import ObjectStorageConfig
@@ -55,7 +56,7 @@ def _check_blend(blend: Any, field_name: str) -> None:
     if isinstance(prefixes, str) or not prefixes:
         raise ValueError(f"{field_name} prefixes must be a non-empty list, got {prefixes!r}")
     if weights is not None and len(weights) != len(prefixes):
-        raise ValueError(
+        raise MegatronAssertionError(
             f"{field_name} prefixes and weights must be equal in number, got {len(prefixes)} "
             f"prefixes and {len(weights)} weights"
         )
@@ -131,21 +132,21 @@ class BlendedMegatronDatasetConfig:
             )
         if self.fast_cache_load:
             if self.path_to_cache is None:
-                raise ValueError("fast_cache_load requires path_to_cache")
+                raise MegatronAssertionError("fast_cache_load requires path_to_cache")
             if self.blend is not None:
-                raise ValueError(
+                raise MegatronAssertionError(
                     "fast_cache_load cannot be used with blend; use blend_per_split instead"
                 )
         if self.defer_npy_index_mmap and self.path_to_cache is None:
-            raise ValueError("defer_npy_index_mmap requires path_to_cache")
+            raise MegatronAssertionError("defer_npy_index_mmap requires path_to_cache")
 
         if self.blend_per_split is not None and any(self.blend_per_split):
             if self.blend is not None:
-                raise ValueError("blend and blend_per_split are incompatible")
+                raise MegatronAssertionError("blend and blend_per_split are incompatible")
             if self.split is not None:
-                raise ValueError("split and blend_per_split are incompatible")
+                raise MegatronAssertionError("split and blend_per_split are incompatible")
             if len(self.blend_per_split) != len(Split):
-                raise ValueError(
+                raise MegatronAssertionError(
                     f"blend_per_split must contain {len(Split)} blends, "
                     f"got {len(self.blend_per_split)}"
                 )
@@ -155,7 +156,7 @@ class BlendedMegatronDatasetConfig:
             if self.blend is not None:
                 _check_blend(self.blend, "blend")
                 if self.split is None:
-                    raise ValueError("split must be provided when blend is not None")
+                    raise MegatronAssertionError("split must be provided when blend is not None")
             else:
                 self.mock = True
                 self.split = "1,1,1"
@@ -247,10 +248,12 @@ class GPTDatasetConfig(BlendedMegatronDatasetConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.tokenizer is None:
-            raise ValueError("GPTDatasetConfig needs a tokenizer (vocab_size, eod, ...)")
+            raise MegatronAssertionError(
+                "GPTDatasetConfig needs a tokenizer (vocab_size, eod, ...)"
+            )
         for name in ("reset_position_ids", "reset_attention_mask", "eod_mask_loss"):
             if getattr(self, name) is None:
-                raise ValueError(f"{name} must be set to True or False, got None")
+                raise MegatronAssertionError(f"{name} must be set to True or False, got None")
         if self.cache_build_scope not in ("global", "node"):
             raise ValueError(
                 f"cache_build_scope must be 'global' or 'node', got {self.cache_build_scope!r}"
@@ -272,6 +275,6 @@ class GPTDatasetConfig(BlendedMegatronDatasetConfig):
             None if vocab_size is None else (4 if vocab_size > _UINT16_CARDINALITY else 8)
         )
         if self.sequences_per_dataset is not None and self.token_dtype_code is None:
-            raise ValueError(
+            raise MegatronAssertionError(
                 "sequences_per_dataset needs the tokenizer's vocab_size to know the token dtype"
             )

@@ -65,7 +65,12 @@ from tokenmill.common.distributed import is_cache_builder
 from tokenmill.datasets.config import GPTDatasetConfig
 from tokenmill.datasets.megatron_dataset import MegatronDataset
 from tokenmill.datasets.utils import Split
-from tokenmill.errors import CacheError, CacheMissingError, PerformanceWarning
+from tokenmill.errors import (
+    CacheError,
+    CacheMissingError,
+    MegatronAssertionError,
+    PerformanceWarning,
+)
 from tokenmill.index.cache import ArraySpec, IndexCache, builders_verified
 from tokenmill.index.cache_checks import gpt_checks
 from tokenmill.index.gpt_index import (
@@ -172,7 +177,7 @@ class GPTDataset(MegatronDataset):
 
         if _is_object_storage_path(dataset_path):
             if config.object_storage_cache_path is None:
-                raise ValueError(
+                raise MegatronAssertionError(
                     f"{dataset_path} is an object-storage path: set object_storage_cache_path"
                 )
             from tokenmill.storage.object_storage import ObjectStorageConfig
@@ -1064,7 +1069,7 @@ class MockGPTDataset(GPTDataset):
         config: GPTDatasetConfig,
     ) -> None:
         if not config.mock:
-            raise ValueError("MockGPTDataset needs a config with mock=True (no blend)")
+            raise MegatronAssertionError("MockGPTDataset needs a config with mock=True (no blend)")
         super().__init__(dataset, dataset_path, indices, num_samples, index_split, config)
 
     @staticmethod
