@@ -26,6 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from tokenmill.common import distributed
+from tokenmill.common.megatron_log import log, megatron_logger
 from tokenmill.datasets.blended import BlendedDataset
 from tokenmill.datasets.config import BlendedMegatronDatasetConfig, GPTDatasetConfig
 from tokenmill.datasets.utils import (
@@ -45,6 +46,7 @@ from tokenmill.index.fingerprint import once_per_file
 __all__ = ["BlendedMegatronDatasetBuilder"]
 
 logger = logging.getLogger(__name__)
+_MEGATRON_LOG = megatron_logger("blended_megatron_dataset_builder")
 
 
 @contextlib.contextmanager
@@ -90,7 +92,12 @@ class BlendedMegatronDatasetBuilder:
         self.sizes = list(sizes)
         self.is_built_on_rank = is_built_on_rank
         self.config = config
-        logger.info("building %s splits with sizes=%s", cls.__name__, self.sizes)
+        shown = getattr(config, "megatron_repr", config.__repr__)()
+        log(
+            _MEGATRON_LOG,
+            logging.INFO,
+            f"Building {cls.__name__} splits with sizes={self.sizes} and config={shown}",
+        )
         if not config.mock:
             for split in Split:
                 if self.sizes[split.value] is not None:

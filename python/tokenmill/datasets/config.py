@@ -25,9 +25,10 @@ are not part of any cache key:
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
+from tokenmill.common.megatron_log import log, megatron_logger
 from tokenmill.datasets.utils import (
     Blend,
     Split,
@@ -43,6 +44,23 @@ if TYPE_CHECKING:
 __all__ = ["BlendedMegatronDatasetConfig", "GPTDatasetConfig"]
 
 logger = logging.getLogger(__name__)
+_MEGATRON_LOG = megatron_logger("blended_megatron_dataset_config")
+
+TOKENMILL_FIELDS = frozenset(
+    {
+        "sft_mock_dataset_config_json",
+        "varlen_mock_dataset_config_json",
+        "varlen_sbhd_validation",
+        "dynamic_context_parallel",
+        "cache_build_scope",
+        "cache_data_check",
+        "exact_sample_count",
+        "index_build_threads",
+        "token_output_dtype",
+    }
+)
+"""Config fields megatron-core 0.19 does not have (tokenmill's own, and Megatron-LM main's):
+left out of the config in megatron's log lines."""
 
 _UINT16_CARDINALITY = 1 << 16
 
@@ -151,6 +169,8 @@ class BlendedMegatronDatasetConfig:
                     f"got {len(self.blend_per_split)}"
                 )
             for split in Split:
+                if self.blend_per_split[split.value] is None:
+                    log(_MEGATRON_LOG, logging.INFO, f"blend not provided for {split.name} split")
                 _check_blend(self.blend_per_split[split.value], f"blend_per_split[{split.name}]")
         else:
             if self.blend is not None:
@@ -159,11 +179,31 @@ class BlendedMegatronDatasetConfig:
                     raise MegatronAssertionError("split must be provided when blend is not None")
             else:
                 self.mock = True
+                log(
+                    _MEGATRON_LOG,
+                    logging.INFO,
+                    "Let mock = True, as both blend and blend_per_split are None",
+                )
                 self.split = "1,1,1"
-                logger.info("mock = True and split = '1,1,1': neither blend nor blend_per_split")
+                log(
+                    _MEGATRON_LOG,
+                    logging.INFO,
+                    f"Let split = {self.split}, an arbitrarily even split, as mock is True",
+                )
             self.split_matrix = convert_split_vector_to_split_matrix(
                 parse_and_normalize_split(self.split)
             )
+            log(_MEGATRON_LOG, logging.INFO, f"Let split_matrix = {self.split_matrix}")
+
+    def megatron_repr(self) -> str:
+        """megatron-core's repr of this config: the dataclass repr without tokenmill's own
+        fields (`TOKENMILL_FIELDS`), as megatron's builder logs it."""
+        shown = [
+            f"{item.name}={getattr(self, item.name)!r}"
+            for item in fields(self)
+            if item.repr and item.name not in TOKENMILL_FIELDS
+        ]
+        return f"{type(self).__qualname__}({', '.join(shown)})"
 
 
 @dataclass

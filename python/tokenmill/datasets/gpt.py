@@ -62,6 +62,7 @@ import numpy as np
 import numpy.typing as npt
 
 from tokenmill.common.distributed import is_cache_builder
+from tokenmill.common.megatron_log import log, log_elapsed, megatron_logger
 from tokenmill.datasets.config import GPTDatasetConfig
 from tokenmill.datasets.megatron_dataset import MegatronDataset
 from tokenmill.datasets.utils import Split
@@ -92,6 +93,7 @@ if TYPE_CHECKING:
 __all__ = ["GPTDataset", "GPTDatasetConfig", "MockGPTDataset", "MockGPTLowLevelDataset"]
 
 logger = logging.getLogger(__name__)
+_MEGATRON_LOG = megatron_logger("gpt_dataset")
 
 _ARRAY_NAMES = ("document_index", "sample_index", "shuffle_index")
 
@@ -302,6 +304,12 @@ class GPTDataset(MegatronDataset):
         return plan
 
     def _build_arrays(self, plan: GptIndexPlan) -> dict[str, npt.NDArray[Any]]:
+        log(
+            _MEGATRON_LOG,
+            logging.INFO,
+            f"Build and save the {type(self).__name__} {self.index_split.name} indices",
+        )
+        self._log_epoch_plan(plan)
         started = time.perf_counter()
         indices = as_document_ids(self.indices if self.indices is not None else [])
         document_index, sample_index, shuffle_index = build_gpt_indices(
@@ -313,7 +321,7 @@ class GPTDataset(MegatronDataset):
             self.config.add_extra_token_to_sequence,
             self.config.index_build_threads,
         )
-        logger.info(
+        logger.debug(
             "built %s %s indices: %d samples, %d epochs, %.3f s",
             type(self).__name__,
             self.index_split.name,
@@ -326,6 +334,26 @@ class GPTDataset(MegatronDataset):
             "sample_index": sample_index,
             "shuffle_index": shuffle_index,
         }
+
+    def _log_epoch_plan(self, plan: GptIndexPlan) -> None:
+        """megatron-core's DEBUG lines on separating the final epoch."""
+        if plan.num_epochs > 1 and self.num_samples is not None:
+            extra = int(self.config.add_extra_token_to_sequence)
+            sequence_length = self.config.sequence_length
+            tokens = plan.tokens_per_epoch
+            sans_final = ((plan.num_epochs - 1) * tokens - extra) // sequence_length
+            log(
+                _MEGATRON_LOG,
+                logging.DEBUG,
+                f"> num_samples_from_final_epoch: {self.num_samples - sans_final}",
+            )
+            log(_MEGATRON_LOG, logging.DEBUG, "> threshold: 0.8")
+            log(
+                _MEGATRON_LOG,
+                logging.DEBUG,
+                f"> num_samples_per_epoch: {(tokens - extra) // sequence_length}",
+            )
+        log(_MEGATRON_LOG, logging.DEBUG, f"> separate_final_epoch: {plan.separate_final_epoch}")
 
     def _cache_directory(self) -> str | None:
         if self.config.path_to_cache:
@@ -421,13 +449,15 @@ class GPTDataset(MegatronDataset):
             self.path_to_sample_index = str(self._cache.array_path("sample_index"))
             self.path_to_shuffle_index = str(self._cache.array_path("shuffle_index"))
             return None, None, None
+        started = time.time()
+        built = True
         if self._cache is None:
             arrays = self._build_arrays(self._plan())
         elif self.config.fast_cache_load:
-            arrays = self._load_cached("fast_cache_load")
+            arrays, built = self._load_cached("fast_cache_load"), False
         else:
             plan = self._plan()
-            arrays, _ = self._cache.load_or_build(
+            arrays, built = self._cache.load_or_build(
                 lambda: self._build_arrays(plan),
                 self._array_specs(plan),
                 may_build=is_cache_builder(self.config.cache_build_scope),
@@ -437,7 +467,43 @@ class GPTDataset(MegatronDataset):
             )
             self._data_verified = True
             self._check_consistency(arrays)
+        self._log_indices(arrays, built, time.time() - started)
         return arrays["document_index"], arrays["sample_index"], arrays["shuffle_index"]
+
+    def _log_indices(
+        self, arrays: Mapping[str, npt.NDArray[Any]], built: bool, seconds: float
+    ) -> None:
+        """megatron-core's closing lines of an index build or load. A load logs its lines here,
+        after the fact: tokenmill maps and checks the three arrays in one step, whose time the
+        first timing line carries."""
+        samples = f"> total number of samples: {arrays['sample_index'].shape[0] - 1}"
+        if built:
+            if self._cache is None:
+                log(
+                    _MEGATRON_LOG,
+                    logging.WARNING,
+                    f"Unable to save {type(self).__name__} indexes because path_to_cache is None",
+                )
+            log_elapsed(_MEGATRON_LOG, seconds)
+            log(_MEGATRON_LOG, logging.INFO, samples)
+            epochs = self._plan_cache.num_epochs if "_plan_cache" in self.__dict__ else None
+            if epochs is not None:
+                log(_MEGATRON_LOG, logging.INFO, f"> total number of epochs: {epochs}")
+            return
+        name = f"{type(self).__name__} {self.index_split.name}"
+        log(_MEGATRON_LOG, logging.INFO, f"Load the {name} indices")
+        assert self._cache is not None
+        for number, (array, label) in enumerate(
+            (
+                ("document_index", "document index"),
+                ("sample_index", "sample index"),
+                ("shuffle_index", "shuffle index"),
+            )
+        ):
+            path = os.path.basename(self._cache.array_path(array))
+            log(_MEGATRON_LOG, logging.INFO, f"\tLoad the {label} from {path}")
+            log_elapsed(_MEGATRON_LOG, seconds if number == 0 else 0.0)
+        log(_MEGATRON_LOG, logging.INFO, samples)
 
     def data_prefixes(self) -> list[str]:
         """The `.bin`/`.idx` prefixes this dataset's indices are computed from (fingerprinted
