@@ -877,9 +877,11 @@ def test_loss_mask_leak_is_not_reproduced(tmp_path: Path) -> None:
         assert_same_sample(ours[idx], clean[idx], f"sample {idx}")
 
 
-def test_samples_never_share_tensors() -> None:
-    """megatron-core returns one cached attention_mask / position_ids object for every sample;
-    tokenmill's samples are independent (modifying one never changes another)."""
+def test_samples_share_only_an_unwritten_causal_mask(tmp_path: Path) -> None:
+    """megatron-core hands every sample one cached attention_mask (and position_ids) object;
+    tokenmill hands out one cached causal mask the same way (no per-sample [1, S, S] build) and
+    no other shared tensor; a caller's in-place write to a mask never reaches a later sample
+    (megatron's later samples see it). No PerformanceWarning on megatron's defaults."""
     from tokenmill.datasets.gpt import MockGPTDataset
 
     config = GPTDatasetConfig(
@@ -887,11 +889,31 @@ def test_samples_never_share_tensors() -> None:
         reset_attention_mask=False, eod_mask_loss=False, create_attention_mask=True,
     )  # fmt: skip
     low = MockGPTDataset.build_low_level_dataset(None, config)
-    dataset = MockGPTDataset(low, None, np.arange(100, dtype=np.int32), 20, Split.train, config)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        dataset = MockGPTDataset(low, None, np.arange(100, dtype=np.int32), 20, Split.train, config)
     first, second = dataset[0], dataset[1]
+    assert first["attention_mask"] is second["attention_mask"]
+    assert first["attention_mask"].shape == (1, 64, 64)
     first["position_ids"][:] = -1
     first["attention_mask"][:] = True
-    assert int(second["position_ids"][5]) == 5 and not bool(second["attention_mask"][0, 5, 0])
+    third = dataset[2]
+    assert int(second["position_ids"][5]) == 5 and not bool(third["attention_mask"][0, 5, 0])
+    assert bool(third["attention_mask"][0, 0, 1])
+    defaults = {"reset_position_ids": False, "eod_mask_loss": False, "create_attention_mask": True}
+    for mixin in (_NoHooks, ExtraKey):  # the C++ gather and the per-sample Python path
+        (tmp_path / mixin.__name__).mkdir()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            ours, theirs = _pair(mixin, tmp_path / mixin.__name__, num_samples=20, **defaults)
+        assert not [w for w in caught if "megatron" not in w.filename], mixin
+        for idx in range(len(ours)):
+            assert_same_sample(ours[idx], theirs[idx], f"{mixin.__name__} sample {idx}")
+        assert ours[0]["attention_mask"] is ours[1]["attention_mask"]
+
+
+class _NoHooks:
+    """A subclass body that overrides nothing."""
 
 
 def test_samples_from_a_split_without_tokens_raise(tmp_path: Path) -> None:

@@ -294,6 +294,12 @@ class GPTDatasetConfig(BlendedMegatronDatasetConfig):
         for name in ("reset_position_ids", "reset_attention_mask", "eod_mask_loss"):
             if getattr(self, name) is None:
                 raise MegatronAssertionError(f"{name} must be set to True or False, got None")
+        if self.varlen_sbhd_validation and self.hybrid_context_parallel:
+            # Megatron-LM main's check: SBHD validation batches are not packed
+            raise MegatronAssertionError(
+                "varlen_sbhd_validation=True is incompatible with hybrid_context_parallel=True "
+                "(SBHD mode is not packed)"
+            )
         if self.cache_build_scope not in ("global", "node"):
             raise ValueError(
                 f"cache_build_scope must be 'global' or 'node', got {self.cache_build_scope!r}"

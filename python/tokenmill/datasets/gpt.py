@@ -52,7 +52,6 @@ import math
 import os
 import threading
 import time
-import warnings
 import weakref
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
@@ -63,6 +62,7 @@ import numpy.typing as npt
 
 from tokenmill.common.distributed import is_cache_builder
 from tokenmill.common.megatron_log import log, log_elapsed, megatron_logger
+from tokenmill.common.megatron_version import query_returns_lengths
 from tokenmill.datasets.config import GPTDatasetConfig
 from tokenmill.datasets.megatron_dataset import MegatronDataset
 from tokenmill.datasets.utils import Split
@@ -70,7 +70,6 @@ from tokenmill.errors import (
     CacheError,
     CacheMissingError,
     MegatronAssertionError,
-    PerformanceWarning,
 )
 from tokenmill.index.cache import ArraySpec, IndexCache, builders_verified
 from tokenmill.index.cache_checks import gpt_checks
@@ -84,7 +83,7 @@ from tokenmill.index.gpt_index import (
     plan_gpt_indices,
 )
 from tokenmill.serving.batch import SampleBatch, as_index_array, stack_samples
-from tokenmill.serving.gpt import GptBatchLayout, GptSampleServer
+from tokenmill.serving.gpt import GptBatchLayout, GptSampleServer, shared_causal_mask
 from tokenmill.serving.layout import BatchLayout
 
 if TYPE_CHECKING:
@@ -103,13 +102,6 @@ _UNSET: Any = object()
 _SERVER_LOCK = threading.Lock()
 # classes whose per-sample batches were reported (once each, at DEBUG level)
 _PER_SAMPLE_LOGGED: weakref.WeakSet[type] = weakref.WeakSet()
-
-_ATTENTION_MASK_WARNING = (
-    "create_attention_mask=True builds a dense bool [1, S, S] mask per sample (4 MiB at S=2048, "
-    "64 MiB at 8192) that dominates loading time and memory; prefer create_attention_mask=False "
-    "with inter_document_masking=True (cu_seqlens / max_seqlen for variable-length attention) or "
-    "reset_position_ids. The mask stays megatron-compatible."
-)
 
 
 def _is_object_storage_path(path: str) -> bool:
@@ -162,8 +154,6 @@ class GPTDataset(MegatronDataset):
             self._build_document_sample_shuffle_indices()
         )
         self._server: Any = _UNSET
-        if config.create_attention_mask and not config.inter_document_masking:
-            warnings.warn(_ATTENTION_MASK_WARNING, PerformanceWarning, stacklevel=2)
 
     # -- low-level dataset -------------------------------------------------------------------
 
@@ -662,6 +652,8 @@ class GPTDataset(MegatronDataset):
             text[filled : filled + len(part)] = part
             filled += len(part)
         text[filled:] = self._pad_token_id
+        if not query_returns_lengths():  # the contract of the megatron-core followed, < 0.19
+            return text, np.asarray(document_ids, dtype=np.int64)  # type: ignore[return-value]
         return text, np.asarray(document_ids, dtype=np.int64), lengths
 
     # -- object storage: tell the chunk cache what comes next -------------------------------
@@ -739,9 +731,11 @@ class GPTDataset(MegatronDataset):
         if idx is not None and _remote_reader(self.dataset) is not None:
             self._prefetch_ahead(idx)
 
-        text, _, document_lengths = self._query_document_sample_shuffle_indices(
-            0 if idx is None else idx
-        )
+        queried = self._query_document_sample_shuffle_indices(0 if idx is None else idx)
+        # megatron-core before 0.19 returns (text, document ids): no lengths, no
+        # inter_document_masking
+        text = queried[0]
+        document_lengths = queried[2] if len(queried) > 2 else [len(text)]
         text = np.asarray(text)
         if text.dtype != np.int64:  # megatron: torch.from_numpy(text).long()
             text = text.astype(np.int64)
@@ -799,11 +793,13 @@ class GPTDataset(MegatronDataset):
             result["max_seqlen"] = torch.tensor(np.diff(cu_seqlens).max(), dtype=torch.int32)
             return result
         if config.create_attention_mask:
-            allowed = torch.ones(length, length, dtype=torch.bool).tril_()
             if config.reset_attention_mask and document_starts is not None:
+                allowed = torch.ones(length, length, dtype=torch.bool).tril_()
                 starts = torch.from_numpy(document_starts)
                 allowed &= starts.unsqueeze(1) == starts.unsqueeze(0)
-            result["attention_mask"] = (~allowed).unsqueeze(0)
+                result["attention_mask"] = (~allowed).unsqueeze(0)
+            else:  # megatron's cached causal mask, shared by every sample
+                result["attention_mask"] = shared_causal_mask(length)
         result["loss_mask"] = torch.from_numpy(loss_mask)
         result["position_ids"] = torch.from_numpy(np.ascontiguousarray(position_ids))
         return result
