@@ -29,6 +29,7 @@ from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
 from tokenmill.common.megatron_log import log, megatron_logger
+from tokenmill.common.megatron_version import followed
 from tokenmill.datasets.utils import (
     Blend,
     Split,
@@ -198,10 +199,12 @@ class BlendedMegatronDatasetConfig:
     def megatron_repr(self) -> str:
         """megatron-core's repr of this config: the dataclass repr without tokenmill's own
         fields (`TOKENMILL_FIELDS`), as megatron's builder logs it."""
+        # fields of megatron-core 0.19 that the release followed does not have yet
+        hidden = {"inter_document_masking"} if followed() < (0, 19) else set()
         shown = [
             f"{item.name}={getattr(self, item.name)!r}"
             for item in fields(self)
-            if item.repr and item.name not in TOKENMILL_FIELDS
+            if item.repr and item.name not in TOKENMILL_FIELDS and item.name not in hidden
         ]
         return f"{type(self).__qualname__}({', '.join(shown)})"
 
