@@ -196,14 +196,21 @@ def test_concurrent_builders_produce_one_valid_cache(shard: str, tmp_path: Path)
 
 
 def test_returned_tensors_are_never_shared(shard: str, tmp_path: Path) -> None:
+    """Samples share only what megatron shares (its cached causal mask, and loss mask and
+    position ids where no flag changes them), never written by tokenmill; a caller's write to
+    one does not reach later samples."""
     dataset = build(shard, make_config(shard, tmp_path / "cache"))
     first, second = dataset[0], dataset[1]
-    for key in first:
+    for key in ("tokens", "labels"):
         assert first[key].data_ptr() != second[key].data_ptr(), key
+    assert first["attention_mask"] is second["attention_mask"]
+    first["loss_mask"][:] = 0.0
     first["position_ids"][:] = -5
     first["attention_mask"][:] = False
-    assert int(dataset[2]["position_ids"][0]) == 0
-    assert bool(dataset[2]["attention_mask"][0, 0, 1])
+    third = dataset[2]
+    assert int(third["position_ids"][0]) == 0 and int(third["position_ids"][39]) == 39
+    assert bool(third["attention_mask"][0, 0, 1])
+    assert float(third["loss_mask"].sum()) == 40.0
 
 
 def test_none_index_is_a_padding_sample(shard: str, tmp_path: Path) -> None:

@@ -878,9 +878,11 @@ def test_loss_mask_leak_is_not_reproduced(tmp_path: Path) -> None:
         assert_same_sample(ours[idx], clean[idx], f"sample {idx}")
 
 
-def test_samples_never_share_tensors() -> None:
-    """megatron-core returns one cached attention_mask / position_ids object for every sample;
-    tokenmill's samples are independent (modifying one never changes another)."""
+def test_samples_share_only_an_unwritten_causal_mask(tmp_path: Path) -> None:
+    """megatron-core hands every sample one cached attention_mask (and position_ids) object;
+    tokenmill hands out one cached causal mask the same way (no per-sample [1, S, S] build) and
+    no other shared tensor; a caller's in-place write to a mask never reaches a later sample
+    (megatron's later samples see it). No PerformanceWarning on megatron's defaults."""
     from tokenmill.datasets.gpt import MockGPTDataset
 
     config = GPTDatasetConfig(
@@ -888,11 +890,31 @@ def test_samples_never_share_tensors() -> None:
         reset_attention_mask=False, eod_mask_loss=False, create_attention_mask=True,
     )  # fmt: skip
     low = MockGPTDataset.build_low_level_dataset(None, config)
-    dataset = MockGPTDataset(low, None, np.arange(100, dtype=np.int32), 20, Split.train, config)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        dataset = MockGPTDataset(low, None, np.arange(100, dtype=np.int32), 20, Split.train, config)
     first, second = dataset[0], dataset[1]
+    assert first["attention_mask"] is second["attention_mask"]
+    assert first["attention_mask"].shape == (1, 64, 64)
     first["position_ids"][:] = -1
     first["attention_mask"][:] = True
-    assert int(second["position_ids"][5]) == 5 and not bool(second["attention_mask"][0, 5, 0])
+    third = dataset[2]
+    assert int(second["position_ids"][5]) == 5 and not bool(third["attention_mask"][0, 5, 0])
+    assert bool(third["attention_mask"][0, 0, 1])
+    defaults = {"reset_position_ids": False, "eod_mask_loss": False, "create_attention_mask": True}
+    for mixin in (_NoHooks, ExtraKey):  # the C++ gather and the per-sample Python path
+        (tmp_path / mixin.__name__).mkdir()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            ours, theirs = _pair(mixin, tmp_path / mixin.__name__, num_samples=20, **defaults)
+        assert not [w for w in caught if "megatron" not in w.filename], mixin
+        for idx in range(len(ours)):
+            assert_same_sample(ours[idx], theirs[idx], f"{mixin.__name__} sample {idx}")
+        assert ours[0]["attention_mask"] is ours[1]["attention_mask"]
+
+
+class _NoHooks:
+    """A subclass body that overrides nothing."""
 
 
 def test_samples_from_a_split_without_tokens_raise(tmp_path: Path) -> None:
@@ -927,18 +949,67 @@ def test_sequences_per_dataset_with_the_wrong_dtype_is_refused(tmp_path: Path) -
         IndexedDataset(prefix, fast_cache_load=True, sequences_per_dataset=(10, 11), dtype_code=8)
 
 
-def test_assertions_become_value_errors() -> None:
-    """Where megatron-core asserts on bad input, tokenmill raises ValueError naming the field."""
-    megatron_config = THEIRS["blended_megatron_dataset_config"]
-    with pytest.raises(AssertionError):
-        megatron_config.parse_and_normalize_split("1,2,3,4")
-    with pytest.raises(ValueError, match="at most 3 parts"):
-        OURS["blended_megatron_dataset_config"].parse_and_normalize_split("1,2,3,4")
+def _refusals(module: dict[str, Any], prefix: str) -> dict[str, Callable[[], object]]:
+    """Bad configs and inputs megatron-core refuses with a failed assert, built through
+    `module` (THEIRS or OURS)."""
+    gpt, builder = module["gpt_dataset"], module["blended_megatron_dataset_builder"]
+    config_module, utils = module["blended_megatron_dataset_config"], module["utils"]
+    fields: dict[str, Any] = {
+        "random_seed": 1, "sequence_length": 4, "tokenizer": TinyTokenizer(),
+        "reset_position_ids": False, "reset_attention_mask": False, "eod_mask_loss": False,
+    }  # fmt: skip
+
+    def config(**changes: Any) -> Callable[[], object]:
+        return lambda: gpt.GPTDatasetConfig(**{**fields, **changes})
+
+    weighted_per_split = [([prefix, prefix], [0.5, 0.5]), None, None]
+    return {
+        "split parts": lambda: config_module.parse_and_normalize_split("1,2,3,4"),
+        "reset_position_ids": config(reset_position_ids=None),
+        "tokenizer": config(tokenizer=None),
+        "split with blend": config(blend=([prefix], None)),
+        "blend weights": config(blend=([prefix, prefix], [1.0]), split="1"),
+        "blend and blend_per_split": config(
+            blend=([prefix], None), blend_per_split=[([prefix], None), None, None]
+        ),
+        "fast_cache_load": config(blend_per_split=[([prefix], None)] * 3, fast_cache_load=True),
+        "defer_npy_index_mmap": config(
+            blend=([prefix], None), split="1", defer_npy_index_mmap=True
+        ),
+        "blend_per_split length": config(blend_per_split=[([prefix], None)] * 2),
+        "weighted blend_per_split without a size": lambda: builder.BlendedMegatronDatasetBuilder(
+            gpt.GPTDataset,
+            [None, None, None],
+            lambda: True,
+            gpt.GPTDatasetConfig(**fields, blend_per_split=weighted_per_split),
+        ),
+        "weights not normalised": lambda: builder._get_size_per_split_per_dataset(
+            [0.5, 0.6], [10, 10, 10]
+        ),
+        "blend from list": lambda: utils.get_blend_from_list(["a", "b", "0.7", "c"]),
+    }
+
+
+def test_megatron_assertions_are_assertion_and_value_errors(tmp_path: Path) -> None:
+    """Where megatron-core fails an assert on bad input, tokenmill raises
+    MegatronAssertionError: an AssertionError (what megatron's callers and Megatron-LM's own
+    tests catch, e.g. test_builder.py's weighted per-split blend without a size) and a
+    ValueError whose message names the field."""
+    prefix = _shard(tmp_path)
+    theirs, ours = _refusals(THEIRS, prefix), _refusals(OURS, prefix)
+    for case, make in theirs.items():
+        with pytest.raises(AssertionError):
+            make()
+        with pytest.raises(tokenmill.MegatronAssertionError) as raised:
+            ours[case]()
+        assert isinstance(raised.value, AssertionError) and isinstance(raised.value, ValueError)
+        assert str(raised.value), case
+    with pytest.raises(AssertionError, match="at most 3 parts"):
+        ours["split parts"]()
     with pytest.raises(ValueError, match="reset_position_ids must be set"):
-        GPTDatasetConfig(
-            random_seed=1, sequence_length=4, tokenizer=TinyTokenizer(),
-            reset_attention_mask=False, eod_mask_loss=False,
-        )  # fmt: skip
+        ours["reset_position_ids"]()
+    with pytest.raises(AssertionError, match="the train split has weights but no size"):
+        ours["weighted blend_per_split without a size"]()
 
 
 def test_fast_cache_load_of_a_missing_cache_is_a_file_not_found_error(tmp_path: Path) -> None:

@@ -71,6 +71,7 @@ _EXPORTS: dict[str, str] = {
     "DataFormatError": "tokenmill.errors",
     "CacheError": "tokenmill.errors",
     "StaleCacheError": "tokenmill.errors",
+    "MegatronAssertionError": "tokenmill.errors",
     "PerformanceWarning": "tokenmill.errors",
 }
 
@@ -129,6 +130,7 @@ __all__ = [  # noqa: RUF022 - grouped like _EXPORTS
     "PerformanceWarning",
     "TokenmillError",
     "DataFormatError",
+    "MegatronAssertionError",
     "CacheError",
     "StaleCacheError",
 ]

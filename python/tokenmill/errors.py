@@ -16,6 +16,12 @@ class DataFormatError(TokenmillError, ValueError):
     """A file on disk does not match its format (bad magic, version, size or contents)."""
 
 
+class MegatronAssertionError(TokenmillError, ValueError, AssertionError):
+    """A config or input megatron-core refuses with a failed ``assert``: an AssertionError, which
+    megatron's callers (and Megatron-LM's own tests) catch, and a ValueError, tokenmill's type for
+    bad input, with a message naming the field and value (megatron's bare assert names none)."""
+
+
 class CacheError(TokenmillError, RuntimeError):
     """An index cache is unusable: truncated, foreign, or inconsistent with its description."""
 

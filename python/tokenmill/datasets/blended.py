@@ -31,10 +31,11 @@ import numpy as np
 import numpy.typing as npt
 
 from tokenmill.common.distributed import is_cache_builder
+from tokenmill.common.megatron_log import log, log_elapsed, megatron_logger
 from tokenmill.datasets.config import BlendedMegatronDatasetConfig
 from tokenmill.datasets.megatron_dataset import describe, described_text
 from tokenmill.datasets.utils import normalize
-from tokenmill.errors import CacheError, CacheMissingError
+from tokenmill.errors import CacheError, CacheMissingError, MegatronAssertionError
 from tokenmill.index.blending import (
     INT16_MAX_DATASETS,
     build_blending_indices,
@@ -52,6 +53,7 @@ if TYPE_CHECKING:
 __all__ = ["BlendedDataset"]
 
 logger = logging.getLogger(__name__)
+_MEGATRON_LOG = megatron_logger("blended_dataset")
 
 _ARRAY_NAMES = ("dataset_index", "dataset_sample_index")
 
@@ -81,37 +83,43 @@ class BlendedDataset:
         if len(datasets) == 0:
             raise ValueError("a BlendedDataset needs at least one dataset")
         if len(datasets) != len(weights):
-            raise ValueError(
+            raise MegatronAssertionError(
                 f"got {len(datasets)} datasets but {len(weights)} weights; they must match"
             )
         first = datasets[0]
         for number, dataset in enumerate(datasets):
             if type(dataset) is not type(first):
-                raise ValueError(
+                raise MegatronAssertionError(
                     f"dataset {number} is a {type(dataset).__name__}, dataset 0 a "
                     f"{type(first).__name__}: a blend holds one class"
                 )
             if dataset.index_split != first.index_split:
-                raise ValueError(
+                raise MegatronAssertionError(
                     f"dataset {number} is from split {dataset.index_split.name}, dataset 0 "
                     f"from {first.index_split.name}: a blend holds one split"
                 )
         for number, weight in enumerate(weights):
             if not weight > 0:
-                raise ValueError(f"weights[{number}] must be > 0, got {weight}")
+                raise MegatronAssertionError(f"weights[{number}] must be > 0, got {weight}")
             if type(weight) is not type(weights[0]):
-                raise ValueError("weights must all have one type (all int or all float)")
+                raise MegatronAssertionError(
+                    "weights must all have one type (all int or all float)"
+                )
         if size is None and isinstance(weights[0], float):
             for number, weight in enumerate(weights):
                 if weight != int(weight):
-                    raise ValueError(
+                    raise MegatronAssertionError(
                         f"weights[{number}] = {weight}: without a size, weights are sample "
                         "counts and must be whole numbers"
                     )
         if size is not None and size < 0:
             raise ValueError(f"size must be >= 0 or None, got {size}")
         if len(datasets) == 1:
-            logger.info("building a BlendedDataset of a single dataset")
+            log(
+                _MEGATRON_LOG,
+                logging.WARNING,
+                "Building a BlendedDataset for a single MegatronDataset",
+            )
 
         self.datasets = list(datasets)
         self.split = first.index_split
@@ -168,6 +176,8 @@ class BlendedDataset:
         }
 
     def _compute(self) -> dict[str, npt.NDArray[Any]]:
+        log(_MEGATRON_LOG, logging.INFO, f"Build and save the {type(self).__name__} indices")
+        log(_MEGATRON_LOG, logging.INFO, "\tBuild and save the dataset and dataset sample indexes")
         started = time.perf_counter()
         if self.size is not None:
             dataset_index, dataset_sample_index = build_blending_indices(self.weights, self.size)
@@ -176,7 +186,7 @@ class BlendedDataset:
                 [int(weight) for weight in self.weights]
             )
         self._check_oversampling(dataset_index)
-        logger.info(
+        logger.debug(
             "built BlendedDataset %s indices: %d samples from %d datasets, %.3f s",
             self.split.name,
             dataset_index.shape[0],
@@ -211,10 +221,12 @@ class BlendedDataset:
                     self._cache.array_path("dataset_sample_index")
                 )
             return None, None
+        started = time.time()
+        built = True
         if self._cache is None:
             arrays = self._compute()
         elif self.config.fast_cache_load:
-            arrays = self._load_cached("fast_cache_load")
+            arrays, built = self._load_cached("fast_cache_load"), False
         else:
             spec = EntrySpec(
                 self._specs(),
@@ -222,13 +234,36 @@ class BlendedDataset:
                 data_check=self._data_check(),
                 kernel_built=type(self)._compute is BlendedDataset._compute,
             )
-            arrays, _ = self._cache.load_or_build(
+            arrays, built = self._cache.load_or_build(
                 spec,
                 self._compute,
                 may_build=is_cache_builder(getattr(self.config, "cache_build_scope", "global")),
             )
             self._data_verified = True
+        self._log_indices(built, time.time() - started)
         return arrays["dataset_index"], arrays["dataset_sample_index"]
+
+    def _log_indices(self, built: bool, seconds: float) -> None:
+        """megatron-core's closing lines of a build, or its lines of a load (after the fact:
+        tokenmill maps and checks both arrays in one step, whose time the first timing line
+        carries)."""
+        if built:
+            if self._cache is None:
+                log(
+                    _MEGATRON_LOG,
+                    logging.WARNING,
+                    f"Cannot save the {type(self).__name__} indexes because path_to_cache is None",
+                )
+            log_elapsed(_MEGATRON_LOG, seconds)
+            return
+        assert self._cache is not None
+        log(_MEGATRON_LOG, logging.INFO, f"Load the {type(self).__name__} indices")
+        for number, (array, label) in enumerate(
+            (("dataset_index", "dataset index"), ("dataset_sample_index", "dataset sample index"))
+        ):
+            path = self._cache.array_path(array)
+            log(_MEGATRON_LOG, logging.INFO, f"\tLoad the {label} from {path}")
+            log_elapsed(_MEGATRON_LOG, seconds if number == 0 else 0.0)
 
     def data_prefixes(self) -> list[str]:
         """The `.bin`/`.idx` prefixes of every member dataset (fingerprinted beside the cache

@@ -28,6 +28,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from tokenmill.common import distributed
+from tokenmill.common.megatron_log import log, megatron_logger
 from tokenmill.datasets.blended import BlendedDataset
 from tokenmill.datasets.config import BlendedMegatronDatasetConfig, GPTDatasetConfig
 from tokenmill.datasets.raw_text import resolve_raw_text
@@ -39,7 +40,7 @@ from tokenmill.datasets.utils import (
     split_bounds,
     split_document_ids,
 )
-from tokenmill.errors import ResourceLimitError
+from tokenmill.errors import MegatronAssertionError, ResourceLimitError
 from tokenmill.index.blending import compute_ahead, discard_ahead
 from tokenmill.index.cache import encode_evidence, once_per_file, trusting_builder, vouching
 from tokenmill.index.cache_writes import batch_has_entries, deferred_commits, stop_batch
@@ -47,6 +48,7 @@ from tokenmill.index.cache_writes import batch_has_entries, deferred_commits, st
 __all__ = ["BlendedMegatronDatasetBuilder"]
 
 logger = logging.getLogger(__name__)
+_MEGATRON_LOG = megatron_logger("blended_megatron_dataset_builder")
 
 
 @contextlib.contextmanager
@@ -140,7 +142,12 @@ class BlendedMegatronDatasetBuilder:
         self.sizes = list(sizes)
         self.is_built_on_rank = is_built_on_rank
         self.config = config
-        logger.info("building %s splits with sizes=%s", cls.__name__, self.sizes)
+        shown = getattr(config, "megatron_repr", config.__repr__)()
+        log(
+            _MEGATRON_LOG,
+            logging.INFO,
+            f"Building {cls.__name__} splits with sizes={self.sizes} and config={shown}",
+        )
         if not config.mock:
             for split in Split:
                 if self.sizes[split.value] is not None:
@@ -154,7 +161,7 @@ class BlendedMegatronDatasetBuilder:
                         continue
                     weights = blend[1]
                 if weights is not None:
-                    raise ValueError(
+                    raise MegatronAssertionError(
                         f"the {split.name} split has weights but no size: weighted blends need a "
                         "size (with multiple_validation_sets, give validation blends no weights)"
                     )
@@ -334,7 +341,9 @@ class BlendedMegatronDatasetBuilder:
                 continue
             if config.multiple_validation_sets and i == Split.valid.value:
                 if config.full_validation and spoof_sizes[i] is not None:
-                    raise ValueError("full_validation needs the validation size to be None")
+                    raise MegatronAssertionError(
+                        "full_validation needs the validation size to be None"
+                    )
                 results[i] = [
                     self._build_megatron_dataset_splits(prefix, spoof_split, spoof_sizes)[i]
                     for prefix in prefixes

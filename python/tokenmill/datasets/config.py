@@ -26,9 +26,11 @@ are not part of any cache key:
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
+from tokenmill.common.megatron_log import log, megatron_logger
+from tokenmill.common.megatron_version import followed
 from tokenmill.datasets.utils import (
     Blend,
     Split,
@@ -36,6 +38,7 @@ from tokenmill.datasets.utils import (
     convert_split_vector_to_split_matrix,
     parse_and_normalize_split,
 )
+from tokenmill.errors import MegatronAssertionError
 
 if TYPE_CHECKING:
     from tokenmill.storage.object_storage import ObjectStorageConfig
@@ -43,6 +46,23 @@ if TYPE_CHECKING:
 __all__ = ["BlendedMegatronDatasetConfig", "GPTDatasetConfig"]
 
 logger = logging.getLogger(__name__)
+_MEGATRON_LOG = megatron_logger("blended_megatron_dataset_config")
+
+TOKENMILL_FIELDS = frozenset(
+    {
+        "sft_mock_dataset_config_json",
+        "varlen_mock_dataset_config_json",
+        "varlen_sbhd_validation",
+        "dynamic_context_parallel",
+        "cache_build_scope",
+        "cache_data_check",
+        "exact_sample_count",
+        "index_build_threads",
+        "token_output_dtype",
+    }
+)
+"""Config fields megatron-core 0.19 does not have (tokenmill's own, and Megatron-LM main's):
+left out of the config in megatron's log lines."""
 
 _UINT16_CARDINALITY = 1 << 16
 
@@ -56,7 +76,7 @@ def _check_blend(blend: Any, field_name: str) -> None:
     if isinstance(prefixes, str) or not prefixes:
         raise ValueError(f"{field_name} prefixes must be a non-empty list, got {prefixes!r}")
     if weights is not None and len(weights) != len(prefixes):
-        raise ValueError(
+        raise MegatronAssertionError(
             f"{field_name} prefixes and weights must be equal in number, got {len(prefixes)} "
             f"prefixes and {len(weights)} weights"
         )
@@ -132,38 +152,62 @@ class BlendedMegatronDatasetConfig:
             )
         if self.fast_cache_load:
             if self.path_to_cache is None:
-                raise ValueError("fast_cache_load requires path_to_cache")
+                raise MegatronAssertionError("fast_cache_load requires path_to_cache")
             if self.blend is not None:
-                raise ValueError(
+                raise MegatronAssertionError(
                     "fast_cache_load cannot be used with blend; use blend_per_split instead"
                 )
         if self.defer_npy_index_mmap and self.path_to_cache is None:
-            raise ValueError("defer_npy_index_mmap requires path_to_cache")
+            raise MegatronAssertionError("defer_npy_index_mmap requires path_to_cache")
 
         if self.blend_per_split is not None and any(self.blend_per_split):
             if self.blend is not None:
-                raise ValueError("blend and blend_per_split are incompatible")
+                raise MegatronAssertionError("blend and blend_per_split are incompatible")
             if self.split is not None:
-                raise ValueError("split and blend_per_split are incompatible")
+                raise MegatronAssertionError("split and blend_per_split are incompatible")
             if len(self.blend_per_split) != len(Split):
-                raise ValueError(
+                raise MegatronAssertionError(
                     f"blend_per_split must contain {len(Split)} blends, "
                     f"got {len(self.blend_per_split)}"
                 )
             for split in Split:
+                if self.blend_per_split[split.value] is None:
+                    log(_MEGATRON_LOG, logging.INFO, f"blend not provided for {split.name} split")
                 _check_blend(self.blend_per_split[split.value], f"blend_per_split[{split.name}]")
         else:
             if self.blend is not None:
                 _check_blend(self.blend, "blend")
                 if self.split is None:
-                    raise ValueError("split must be provided when blend is not None")
+                    raise MegatronAssertionError("split must be provided when blend is not None")
             else:
                 self.mock = True
+                log(
+                    _MEGATRON_LOG,
+                    logging.INFO,
+                    "Let mock = True, as both blend and blend_per_split are None",
+                )
                 self.split = "1,1,1"
-                logger.info("mock = True and split = '1,1,1': neither blend nor blend_per_split")
+                log(
+                    _MEGATRON_LOG,
+                    logging.INFO,
+                    f"Let split = {self.split}, an arbitrarily even split, as mock is True",
+                )
             self.split_matrix = convert_split_vector_to_split_matrix(
                 parse_and_normalize_split(self.split)
             )
+            log(_MEGATRON_LOG, logging.INFO, f"Let split_matrix = {self.split_matrix}")
+
+    def megatron_repr(self) -> str:
+        """megatron-core's repr of this config: the dataclass repr without tokenmill's own
+        fields (`TOKENMILL_FIELDS`), as megatron's builder logs it."""
+        # fields of megatron-core 0.19 that the release followed does not have yet
+        hidden = {"inter_document_masking"} if followed() < (0, 19) else set()
+        shown = [
+            f"{item.name}={getattr(self, item.name)!r}"
+            for item in fields(self)
+            if item.repr and item.name not in TOKENMILL_FIELDS and item.name not in hidden
+        ]
+        return f"{type(self).__qualname__}({', '.join(shown)})"
 
 
 @dataclass
@@ -253,10 +297,18 @@ class GPTDatasetConfig(BlendedMegatronDatasetConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.tokenizer is None:
-            raise ValueError("GPTDatasetConfig needs a tokenizer (vocab_size, eod, ...)")
+            raise MegatronAssertionError(
+                "GPTDatasetConfig needs a tokenizer (vocab_size, eod, ...)"
+            )
         for name in ("reset_position_ids", "reset_attention_mask", "eod_mask_loss"):
             if getattr(self, name) is None:
-                raise ValueError(f"{name} must be set to True or False, got None")
+                raise MegatronAssertionError(f"{name} must be set to True or False, got None")
+        if self.varlen_sbhd_validation and self.hybrid_context_parallel:
+            # Megatron-LM main's check: SBHD validation batches are not packed
+            raise MegatronAssertionError(
+                "varlen_sbhd_validation=True is incompatible with hybrid_context_parallel=True "
+                "(SBHD mode is not packed)"
+            )
         if self.cache_build_scope not in ("global", "node"):
             raise ValueError(
                 f"cache_build_scope must be 'global' or 'node', got {self.cache_build_scope!r}"
@@ -278,6 +330,6 @@ class GPTDatasetConfig(BlendedMegatronDatasetConfig):
             None if vocab_size is None else (4 if vocab_size > _UINT16_CARDINALITY else 8)
         )
         if self.sequences_per_dataset is not None and self.token_dtype_code is None:
-            raise ValueError(
+            raise MegatronAssertionError(
                 "sequences_per_dataset needs the tokenizer's vocab_size to know the token dtype"
             )

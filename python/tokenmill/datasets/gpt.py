@@ -52,7 +52,6 @@ import math
 import os
 import threading
 import time
-import warnings
 import weakref
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
@@ -62,10 +61,16 @@ import numpy as np
 import numpy.typing as npt
 
 from tokenmill.common.distributed import is_cache_builder
+from tokenmill.common.megatron_log import log, log_elapsed, megatron_logger
+from tokenmill.common.megatron_version import query_returns_lengths
 from tokenmill.datasets.config import GPTDatasetConfig
 from tokenmill.datasets.megatron_dataset import MegatronDataset
 from tokenmill.datasets.utils import Split
-from tokenmill.errors import CacheError, CacheMissingError, PerformanceWarning
+from tokenmill.errors import (
+    CacheError,
+    CacheMissingError,
+    MegatronAssertionError,
+)
 from tokenmill.index.cache import ArraySpec, EntrySpec, IndexCache, builders_verified
 from tokenmill.index.cache_checks import gpt_checks
 from tokenmill.index.gpt_index import (
@@ -78,7 +83,7 @@ from tokenmill.index.gpt_index import (
     plan_gpt_indices,
 )
 from tokenmill.serving.batch import SampleBatch, as_index_array, stack_samples
-from tokenmill.serving.gpt import GptBatchLayout, GptSampleServer
+from tokenmill.serving.gpt import GptBatchLayout, GptSampleServer, shared_causal_mask
 from tokenmill.serving.layout import BatchLayout
 
 if TYPE_CHECKING:
@@ -87,6 +92,7 @@ if TYPE_CHECKING:
 __all__ = ["GPTDataset", "GPTDatasetConfig", "MockGPTDataset", "MockGPTLowLevelDataset"]
 
 logger = logging.getLogger(__name__)
+_MEGATRON_LOG = megatron_logger("gpt_dataset")
 
 _ARRAY_NAMES = ("document_index", "sample_index", "shuffle_index")
 
@@ -96,13 +102,6 @@ _UNSET: Any = object()
 _SERVER_LOCK = threading.Lock()
 # classes whose per-sample batches were reported (once each, at DEBUG level)
 _PER_SAMPLE_LOGGED: weakref.WeakSet[type] = weakref.WeakSet()
-
-_ATTENTION_MASK_WARNING = (
-    "create_attention_mask=True builds a dense bool [1, S, S] mask per sample (4 MiB at S=2048, "
-    "64 MiB at 8192) that dominates loading time and memory; prefer create_attention_mask=False "
-    "with inter_document_masking=True (cu_seqlens / max_seqlen for variable-length attention) or "
-    "reset_position_ids. The mask stays megatron-compatible."
-)
 
 
 def _is_object_storage_path(path: str) -> bool:
@@ -155,8 +154,6 @@ class GPTDataset(MegatronDataset):
             self._build_document_sample_shuffle_indices()
         )
         self._server: Any = _UNSET
-        if config.create_attention_mask and not config.inter_document_masking:
-            warnings.warn(_ATTENTION_MASK_WARNING, PerformanceWarning, stacklevel=2)
 
     # -- low-level dataset -------------------------------------------------------------------
 
@@ -172,7 +169,7 @@ class GPTDataset(MegatronDataset):
 
         if _is_object_storage_path(dataset_path):
             if config.object_storage_cache_path is None:
-                raise ValueError(
+                raise MegatronAssertionError(
                     f"{dataset_path} is an object-storage path: set object_storage_cache_path"
                 )
             from tokenmill.storage.object_storage import ObjectStorageConfig
@@ -297,6 +294,12 @@ class GPTDataset(MegatronDataset):
         return plan
 
     def _build_arrays(self, plan: GptIndexPlan) -> dict[str, npt.NDArray[Any]]:
+        log(
+            _MEGATRON_LOG,
+            logging.INFO,
+            f"Build and save the {type(self).__name__} {self.index_split.name} indices",
+        )
+        self._log_epoch_plan(plan)
         started = time.perf_counter()
         indices = as_document_ids(self.indices if self.indices is not None else [])
         document_index, sample_index, shuffle_index = build_gpt_indices(
@@ -308,7 +311,7 @@ class GPTDataset(MegatronDataset):
             self.config.add_extra_token_to_sequence,
             self.config.index_build_threads,
         )
-        logger.info(
+        logger.debug(
             "built %s %s indices: %d samples, %d epochs, %.3f s",
             type(self).__name__,
             self.index_split.name,
@@ -321,6 +324,26 @@ class GPTDataset(MegatronDataset):
             "sample_index": sample_index,
             "shuffle_index": shuffle_index,
         }
+
+    def _log_epoch_plan(self, plan: GptIndexPlan) -> None:
+        """megatron-core's DEBUG lines on separating the final epoch."""
+        if plan.num_epochs > 1 and self.num_samples is not None:
+            extra = int(self.config.add_extra_token_to_sequence)
+            sequence_length = self.config.sequence_length
+            tokens = plan.tokens_per_epoch
+            sans_final = ((plan.num_epochs - 1) * tokens - extra) // sequence_length
+            log(
+                _MEGATRON_LOG,
+                logging.DEBUG,
+                f"> num_samples_from_final_epoch: {self.num_samples - sans_final}",
+            )
+            log(_MEGATRON_LOG, logging.DEBUG, "> threshold: 0.8")
+            log(
+                _MEGATRON_LOG,
+                logging.DEBUG,
+                f"> num_samples_per_epoch: {(tokens - extra) // sequence_length}",
+            )
+        log(_MEGATRON_LOG, logging.DEBUG, f"> separate_final_epoch: {plan.separate_final_epoch}")
 
     def _cache_directory(self) -> str | None:
         if self.config.path_to_cache:
@@ -416,10 +439,12 @@ class GPTDataset(MegatronDataset):
             self.path_to_sample_index = str(self._cache.array_path("sample_index"))
             self.path_to_shuffle_index = str(self._cache.array_path("shuffle_index"))
             return None, None, None
+        started = time.time()
+        built = True
         if self._cache is None:
             arrays = self._build_arrays(self._plan())
         elif self.config.fast_cache_load:
-            arrays = self._load_cached("fast_cache_load")
+            arrays, built = self._load_cached("fast_cache_load"), False
         else:
             plan = self._plan()
             spec = EntrySpec(
@@ -428,14 +453,50 @@ class GPTDataset(MegatronDataset):
                 data_check=self.config.cache_data_check,
                 kernel_built=True,
             )
-            arrays, _ = self._cache.load_or_build(
+            arrays, built = self._cache.load_or_build(
                 spec,
                 lambda: self._build_arrays(plan),
                 may_build=is_cache_builder(self.config.cache_build_scope),
             )
             self._data_verified = True
             self._check_consistency(arrays)
+        self._log_indices(arrays, built, time.time() - started)
         return arrays["document_index"], arrays["sample_index"], arrays["shuffle_index"]
+
+    def _log_indices(
+        self, arrays: Mapping[str, npt.NDArray[Any]], built: bool, seconds: float
+    ) -> None:
+        """megatron-core's closing lines of an index build or load. A load logs its lines here,
+        after the fact: tokenmill maps and checks the three arrays in one step, whose time the
+        first timing line carries."""
+        samples = f"> total number of samples: {arrays['sample_index'].shape[0] - 1}"
+        if built:
+            if self._cache is None:
+                log(
+                    _MEGATRON_LOG,
+                    logging.WARNING,
+                    f"Unable to save {type(self).__name__} indexes because path_to_cache is None",
+                )
+            log_elapsed(_MEGATRON_LOG, seconds)
+            log(_MEGATRON_LOG, logging.INFO, samples)
+            epochs = self._plan_cache.num_epochs if "_plan_cache" in self.__dict__ else None
+            if epochs is not None:
+                log(_MEGATRON_LOG, logging.INFO, f"> total number of epochs: {epochs}")
+            return
+        name = f"{type(self).__name__} {self.index_split.name}"
+        log(_MEGATRON_LOG, logging.INFO, f"Load the {name} indices")
+        assert self._cache is not None
+        for number, (array, label) in enumerate(
+            (
+                ("document_index", "document index"),
+                ("sample_index", "sample index"),
+                ("shuffle_index", "shuffle index"),
+            )
+        ):
+            path = os.path.basename(self._cache.array_path(array))
+            log(_MEGATRON_LOG, logging.INFO, f"\tLoad the {label} from {path}")
+            log_elapsed(_MEGATRON_LOG, seconds if number == 0 else 0.0)
+        log(_MEGATRON_LOG, logging.INFO, samples)
 
     def data_prefixes(self) -> list[str]:
         """The `.bin`/`.idx` prefixes this dataset's indices are computed from (fingerprinted
@@ -603,6 +664,8 @@ class GPTDataset(MegatronDataset):
             text[filled : filled + len(part)] = part
             filled += len(part)
         text[filled:] = self._pad_token_id
+        if not query_returns_lengths():  # the contract of the megatron-core followed, < 0.19
+            return text, np.asarray(document_ids, dtype=np.int64)  # type: ignore[return-value]
         return text, np.asarray(document_ids, dtype=np.int64), lengths
 
     # -- object storage: tell the chunk cache what comes next -------------------------------
@@ -680,9 +743,11 @@ class GPTDataset(MegatronDataset):
         if idx is not None and _remote_reader(self.dataset) is not None:
             self._prefetch_ahead(idx)
 
-        text, _, document_lengths = self._query_document_sample_shuffle_indices(
-            0 if idx is None else idx
-        )
+        queried = self._query_document_sample_shuffle_indices(0 if idx is None else idx)
+        # megatron-core before 0.19 returns (text, document ids): no lengths, no
+        # inter_document_masking
+        text = queried[0]
+        document_lengths = queried[2] if len(queried) > 2 else [len(text)]
         text = np.asarray(text)
         if text.dtype != np.int64:  # megatron: torch.from_numpy(text).long()
             text = text.astype(np.int64)
@@ -740,11 +805,13 @@ class GPTDataset(MegatronDataset):
             result["max_seqlen"] = torch.tensor(np.diff(cu_seqlens).max(), dtype=torch.int32)
             return result
         if config.create_attention_mask:
-            allowed = torch.ones(length, length, dtype=torch.bool).tril_()
             if config.reset_attention_mask and document_starts is not None:
+                allowed = torch.ones(length, length, dtype=torch.bool).tril_()
                 starts = torch.from_numpy(document_starts)
                 allowed &= starts.unsqueeze(1) == starts.unsqueeze(0)
-            result["attention_mask"] = (~allowed).unsqueeze(0)
+                result["attention_mask"] = (~allowed).unsqueeze(0)
+            else:  # megatron's cached causal mask, shared by every sample
+                result["attention_mask"] = shared_causal_mask(length)
         result["loss_mask"] = torch.from_numpy(loss_mask)
         result["position_ids"] = torch.from_numpy(np.ascontiguousarray(position_ids))
         return result
@@ -1083,7 +1150,7 @@ class MockGPTDataset(GPTDataset):
         config: GPTDatasetConfig,
     ) -> None:
         if not config.mock:
-            raise ValueError("MockGPTDataset needs a config with mock=True (no blend)")
+            raise MegatronAssertionError("MockGPTDataset needs a config with mock=True (no blend)")
         super().__init__(dataset, dataset_path, indices, num_samples, index_split, config)
 
     @staticmethod

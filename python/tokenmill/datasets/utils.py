@@ -17,6 +17,8 @@ from enum import Enum
 
 import numpy as np
 
+from tokenmill.errors import MegatronAssertionError
+
 __all__ = [
     "Split",
     "convert_split_vector_to_split_matrix",
@@ -91,7 +93,7 @@ def get_blend_from_list(blend: Sequence[str] | None) -> Blend | None:
             prefixes = items[1::2]
         elif any(w is not None for w in parsed[first_missing:]):
             # megatron-core rejects a number after a non-number in the weight positions.
-            raise ValueError(f"blend mixes weights and prefixes ambiguously: {items}")
+            raise MegatronAssertionError(f"blend mixes weights and prefixes ambiguously: {items}")
     return [prefix.strip() for prefix in prefixes], weights
 
 
@@ -103,7 +105,7 @@ def parse_and_normalize_split(split: str) -> list[float]:
     """
     values = [float(token) for token in re.findall(r"[.0-9]+", split)]
     if len(values) > len(Split):
-        raise ValueError(f"split must have at most {len(Split)} parts, got {split!r}")
+        raise MegatronAssertionError(f"split must have at most {len(Split)} parts, got {split!r}")
     values += [0.0] * (len(Split) - len(values))
     if sum(values) <= 0:
         raise ValueError(f"split must contain a positive number, got {split!r}")
@@ -184,7 +186,7 @@ def get_size_per_split_per_dataset(
         ValueError: if the weights do not sum to 1 or a split size is None.
     """
     if not math.isclose(sum(normalized_weights), 1.0, rel_tol=1e-5, abs_tol=1e-8):
-        raise ValueError(f"weights must be normalised, got {list(normalized_weights)}")
+        raise MegatronAssertionError(f"weights must be normalised, got {list(normalized_weights)}")
     result: list[list[int]] = []
     for weight in normalized_weights:
         row: list[int] = []

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import enum
 import errno
+import logging
 import os
 import struct
 
@@ -20,6 +21,7 @@ import numpy
 import numpy.typing as npt
 
 from tokenmill.common.mapping import READ_BELOW, read_or_map, resource_error
+from tokenmill.common.megatron_log import elapsed, log, megatron_logger
 from tokenmill.common.whole_read import read_whole
 from tokenmill.errors import DataFormatError
 
@@ -54,6 +56,8 @@ DTypeLike = npt.DTypeLike | NumpyScalarType
 
 # The prefixes of object-storage paths (read through tokenmill.storage, never mapped).
 OBJECT_STORAGE_SCHEMES = ("s3://", "msc://")
+
+_MEGATRON_LOG = megatron_logger("indexed_dataset")
 
 
 class DType(enum.Enum):
@@ -220,6 +224,7 @@ class _IndexReader:
         dtype_code: int | None = None,
     ) -> None:
         self.idx_path = idx_path
+        log(_MEGATRON_LOG, logging.INFO, f"Load the {type(self).__name__} from {idx_path}")
         try:
             _refuse_special_file(idx_path)
             # an index of up to READ_BELOW bytes: one call (open, fstat, read, close without the
@@ -261,23 +266,38 @@ class _IndexReader:
 
         sequence_count, document_count = self.sequence_count, self.document_count
         offset = HEADER_SIZE
-        self.sequence_lengths = numpy.frombuffer(
-            self._mapping, dtype="<i4", count=sequence_count, offset=offset
-        )
+        # megatron-core's lines, levels and timings (tokenmill.common.megatron_log)
+        log(_MEGATRON_LOG, logging.INFO, "\tExtract the sequence lengths")
+        with elapsed(_MEGATRON_LOG):
+            self.sequence_lengths = numpy.frombuffer(
+                self._mapping, dtype="<i4", count=sequence_count, offset=offset
+            )
         offset += 4 * sequence_count
-        self.sequence_pointers = numpy.frombuffer(
-            self._mapping, dtype="<i8", count=sequence_count, offset=offset
-        )
+        log(_MEGATRON_LOG, logging.INFO, "\tExtract the sequence pointers")
+        with elapsed(_MEGATRON_LOG):
+            self.sequence_pointers = numpy.frombuffer(
+                self._mapping, dtype="<i8", count=sequence_count, offset=offset
+            )
         offset += 8 * sequence_count
-        self.document_indices = numpy.frombuffer(
-            self._mapping, dtype="<i8", count=document_count, offset=offset
-        )
+        log(_MEGATRON_LOG, logging.INFO, "\tExtract the document indices")
+        with elapsed(_MEGATRON_LOG):
+            self.document_indices = numpy.frombuffer(
+                self._mapping, dtype="<i8", count=document_count, offset=offset
+            )
         offset += 8 * document_count
         self.sequence_modes = None
         if multimodal:
-            self.sequence_modes = numpy.frombuffer(
-                self._mapping, dtype=numpy.int8, count=sequence_count, offset=offset
-            )
+            log(_MEGATRON_LOG, logging.INFO, "\tExtract the sequence modes")
+            with elapsed(_MEGATRON_LOG):
+                self.sequence_modes = numpy.frombuffer(
+                    self._mapping, dtype=numpy.int8, count=sequence_count, offset=offset
+                )
+        log(_MEGATRON_LOG, logging.INFO, f"> total number of sequences: {sequence_count}")
+        log(
+            _MEGATRON_LOG,
+            logging.INFO,
+            f"> total number of documents: {self.document_indices.shape[0] - 1}",
+        )
 
     def _check_layout(
         self,

@@ -45,6 +45,7 @@ import types
 from collections.abc import Sequence
 from typing import Any
 
+from tokenmill.common.megatron_version import follow_installed
 from tokenmill.errors import TokenmillError
 
 __all__ = ["MODULES", "MegatronImportOrderError", "is_patched", "patch_megatron"]
@@ -159,6 +160,7 @@ def patch_megatron() -> None:
         if is_patched():
             return
         _drop_unused_megatron_modules()
+        follow_installed()
         sys.meta_path.insert(0, _FINDER)
         _patch_spawned_children()
     logger.debug("megatron.core.datasets.{%s} now import tokenmill's", ", ".join(MODULES))

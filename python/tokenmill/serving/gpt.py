@@ -15,6 +15,8 @@ position_ids (and their reset variants) and cu_seqlens in the same pass: 9-12 µ
 from __future__ import annotations
 
 import operator
+import threading
+from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -29,7 +31,44 @@ from tokenmill.serving.server import BatchServer
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["GptBatchLayout", "GptSampleServer"]
+__all__ = ["GptBatchLayout", "GptSampleServer", "shared_causal_mask"]
+
+_SHARED: OrderedDict[tuple[str, int], tuple[torch.Tensor, int]] = OrderedDict()
+_SHARED_KEPT = 12  # tensors kept (a [1, 8192, 8192] mask is 64 MiB)
+_SHARED_LOCK = threading.Lock()
+
+
+def _shared(kind: str, length: int) -> torch.Tensor:
+    """The process's shared tensor `kind` of `length`, rebuilt if a caller wrote it in place
+    (seen through the tensor's version counter): a write never reaches a later sample."""
+    with _SHARED_LOCK:
+        cached = _SHARED.get((kind, length))
+        if cached is not None and cached[0]._version == cached[1]:
+            _SHARED.move_to_end((kind, length))
+            return cached[0]
+        import torch
+
+        if kind == "causal_mask":
+            tensor = torch.ones(length, length, dtype=torch.bool).triu_(1).unsqueeze(0)
+        elif kind == "position_ids":
+            tensor = torch.arange(length, dtype=torch.int64)
+        else:
+            tensor = torch.ones(length, dtype=torch.float32)
+        _SHARED[(kind, length)] = (tensor, tensor._version)
+        while len(_SHARED) > _SHARED_KEPT:
+            _SHARED.popitem(last=False)
+        return tensor
+
+
+def shared_causal_mask(length: int) -> torch.Tensor:
+    """megatron-core's causal mask `[1, length, length]` (bool, True = masked), one object per
+    length and process, handed to every sample as megatron hands out its cached mask.
+
+    Neither library writes a sample's mask. Should a caller write it in place, the next sample
+    gets a fresh mask, so the change never leaks into later samples, as it does with
+    megatron-core's cached mask.
+    """
+    return _shared("causal_mask", length)
 
 
 @dataclass(frozen=True)
@@ -140,6 +179,7 @@ class GptSampleServer(BatchServer):
 
         super().__init__(layout)
         self.layout: GptBatchLayout = layout
+        self.plain_position_ids = not reset_position_ids
         self.gatherer = _core.Gatherer(
             np.ascontiguousarray(shuffle_index),
             np.ascontiguousarray(sample_index),
@@ -196,11 +236,20 @@ class GptSampleServer(BatchServer):
             result["max_seqlen"] = from_numpy(max_seqlen)
             return result
         if layout.attention_mask:
-            result["attention_mask"] = layout.mask(
-                None if starts is None else from_numpy(starts), ()
+            result["attention_mask"] = (
+                shared_causal_mask(length)
+                if starts is None
+                else layout.mask(from_numpy(starts), ())
             )
-        result["loss_mask"] = from_numpy(loss_mask)
-        result["position_ids"] = from_numpy(position_ids)
+        # megatron-core hands every sample its cached loss mask and position ids when no flag
+        # changes them; so does tokenmill, where this sample's are the plain ones (fresh
+        # tensors otherwise, e.g. a loss mask with pad or EOD zeros)
+        result["loss_mask"] = (
+            _shared("loss_mask", length) if loss_mask.all() else from_numpy(loss_mask)
+        )
+        result["position_ids"] = (
+            _shared("position_ids", length) if self.plain_position_ids else from_numpy(position_ids)
+        )
         return result
 
     def gather(
