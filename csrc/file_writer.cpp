@@ -120,7 +120,9 @@ int64_t inode_generation(int descriptor) noexcept {
 OpenedForRead open_for_read(const std::string& path, bool want_generation) noexcept {
   OpenedForRead opened;
   do {
-    opened.descriptor = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    // O_NONBLOCK: opening a FIFO planted at a data file's name returns at once (fstat below
+    // refuses it) instead of waiting for a writer; reads of a regular file ignore the flag
+    opened.descriptor = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   } while (opened.descriptor < 0 && errno == EINTR);
   if (opened.descriptor < 0) {
     opened.error = errno;
@@ -131,6 +133,13 @@ OpenedForRead open_for_read(const std::string& path, bool want_generation) noexc
   if (::fstat(opened.descriptor, &status) != 0) {
     opened.error = errno;
     opened.step = FileStep::status;
+    close_read(opened.descriptor);
+    opened.descriptor = -1;
+    return opened;
+  }
+  if (!S_ISREG(status.st_mode)) {
+    opened.error = S_ISDIR(status.st_mode) ? EISDIR : EINVAL;
+    opened.step = FileStep::not_regular;
     close_read(opened.descriptor);
     opened.descriptor = -1;
     return opened;

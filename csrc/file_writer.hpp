@@ -40,7 +40,18 @@
 namespace tokenmill {
 
 // Which step of a job failed (FileWriteOutcome::step).
-enum class FileStep : int { none = 0, create = 1, write = 2, status = 3, open = 4, sync = 5 };
+// not_regular: a read refused a file that is not a regular file (a FIFO, device, socket or
+// directory planted where a data or cache file is expected), seen by fstat after an O_NONBLOCK
+// open, so the open never blocks on a FIFO
+enum class FileStep : int {
+  none = 0,
+  create = 1,
+  write = 2,
+  status = 3,
+  open = 4,
+  sync = 5,
+  not_regular = 6
+};
 
 struct FileWriteOutcome {
   int error = 0;                 // errno of the failed step, 0 on success

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 from tokenmill._core import FileWriter, _testing
 
-CREATE, WRITE, OPEN = 1, 2, 4
+CREATE, WRITE, OPEN, NOT_REGULAR = 1, 2, 4, 6
 
 
 @pytest.fixture(params=[0, 1, 4], ids=["in-line", "1-thread", "4-threads"])
@@ -111,13 +111,39 @@ def test_read_small_file_reports_errors_as_values(tmp_path: Path) -> None:
 
     missing = _core.read_small_file(str(tmp_path / "missing"), 100)
     assert missing[:3] == (errno.ENOENT, OPEN, None)
-    directory = _core.read_small_file(str(tmp_path), 1 << 20)  # opens, then the read fails
-    assert directory[:3] == (errno.EISDIR, WRITE, None)
+    # a directory opens, and fstat refuses it before any read (step 6: not a regular file)
+    directory = _core.read_small_file(str(tmp_path), 1 << 20)
+    assert directory[:3] == (errno.EISDIR, NOT_REGULAR, None)
     if os.geteuid() != 0:  # root reads anything
         locked = tmp_path / "locked"
         locked.write_bytes(b"x")
         locked.chmod(0)
         assert _core.read_small_file(str(locked), 100)[:2] == (errno.EACCES, OPEN)
+
+
+def test_read_small_file_refuses_a_fifo_without_blocking(tmp_path: Path) -> None:
+    """A FIFO planted where a data or cache file is expected is opened without blocking
+    (O_NONBLOCK) and refused after fstat; before, the open waited forever for a writer. Run in a
+    child so that a blocking open fails the test by its timeout instead of hanging the run."""
+    fifo = tmp_path / "planted.idx"
+    os.mkfifo(fifo)
+    script = (
+        "import sys\nfrom tokenmill import _core\n"
+        "print(_core.read_small_file(sys.argv[1], 100, False, True)[:3])"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script, str(fifo)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    )
+    assert result.stdout.strip() == str((errno.EINVAL, NOT_REGULAR, None))
+    from tokenmill.common.whole_read import NotARegularFile, read_whole
+
+    with pytest.raises(NotARegularFile, match="is a FIFO, not a regular file") as raised:
+        read_whole(str(fifo), 100)
+    assert raised.value.filename == str(fifo)
 
 
 def test_read_small_file_sees_a_file_longer_than_its_status(tmp_path: Path) -> None:

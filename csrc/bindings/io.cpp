@@ -312,7 +312,8 @@ void register_io(py::module_& m, py::module_& testing) {
         "asked, into the bytes object returned) and close: (errno, failed step, data, size, "
         "inode, mtime_ns, ctime_ns, generation); data is None for a larger file, or with "
         "`keep_open` its open descriptor (the caller closes it); steps: 0 none, 4 open, "
-        "3 fstat, 2 read; generation -1 unless asked for and reported.");
+        "3 fstat, 2 read, 6 not a regular file (a FIFO is opened without blocking and refused); "
+        "generation -1 unless asked for and reported.");
   py::class_<ReadOnlyMap>(m, "ReadOnlyMap", py::buffer_protocol(),
                           "A read-only shared memory map (bytes, buffer protocol), unmapped when "
                           "the last view of it is freed; made by map_readonly.")

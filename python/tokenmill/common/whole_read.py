@@ -10,11 +10,12 @@ Python face: errors raised as ``OSError`` naming the path, the status as a
 from __future__ import annotations
 
 import os
+import stat
 
 from tokenmill import _core
 from tokenmill.common.atomic import FileStatus
 
-__all__ = ["read_whole"]
+__all__ = ["NotARegularFile", "read_whole"]
 
 
 def read_whole(
@@ -31,11 +32,41 @@ def read_whole(
 
     Raises:
         OSError: the open, ``fstat`` or read failed (errno and `path`; FileNotFoundError for a
-            missing file).
+            missing file), or `path` is not a regular file (a FIFO, planted where a data or
+            cache file is expected, is opened without blocking and refused).
     """
-    error, _, data, size, inode, mtime_ns, ctime_ns, generation = _core.read_small_file(
+    error, step, data, size, inode, mtime_ns, ctime_ns, generation = _core.read_small_file(
         path, limit, want_generation, keep_open
     )
     if error:
+        if step == _NOT_REGULAR:
+            raise NotARegularFile(error, path, _kind(path))
         raise OSError(error, os.strerror(error), path)
     return data, FileStatus(size, inode, mtime_ns, ctime_ns, generation)
+
+
+_NOT_REGULAR = 6  # read_small_file's step for a file that is not a regular file
+
+
+class NotARegularFile(OSError):
+    """A FIFO, device, socket or directory where a data or cache file is expected; `kind` says
+    which ("is a FIFO", ...)."""
+
+    def __init__(self, error: int, path: str, kind: str) -> None:
+        super().__init__(error, f"{kind}, not a regular file; refusing it", path)
+        self.kind = kind
+
+
+def _kind(path: str) -> str:
+    """What the non-regular file at `path` is, for the refusal's message."""
+    try:
+        mode = os.lstat(path).st_mode
+    except OSError:
+        return "is a special file"
+    if stat.S_ISFIFO(mode):
+        return "is a FIFO"
+    if stat.S_ISDIR(mode):
+        return "is a directory"
+    if stat.S_ISSOCK(mode):
+        return "is a socket"
+    return "is a device or special file"

@@ -22,7 +22,7 @@ import numpy.typing as npt
 
 from tokenmill.common.mapping import READ_BELOW, read_or_map, resource_error
 from tokenmill.common.megatron_log import elapsed, log, megatron_logger
-from tokenmill.common.whole_read import read_whole
+from tokenmill.common.whole_read import NotARegularFile, read_whole
 from tokenmill.errors import DataFormatError
 
 __all__ = [
@@ -161,23 +161,6 @@ def get_bin_path(path_prefix: str) -> str:
     return path_prefix + ".bin"
 
 
-def _refuse_special_file(path: str) -> None:
-    """DataFormatError if `path` exists and is not a regular file: opening a FIFO planted at an
-    index's name would block forever (a stat does not). FileNotFoundError passes through."""
-    import stat
-
-    mode = os.stat(path).st_mode
-    if not stat.S_ISREG(mode):
-        kind = (
-            "a FIFO"
-            if stat.S_ISFIFO(mode)
-            else "a directory"
-            if stat.S_ISDIR(mode)
-            else ("a special file")
-        )
-        raise DataFormatError(f"{path}: index file is {kind}, not a regular file; refusing it")
-
-
 class _RawFile:
     """A read-only descriptor with the two calls the index reader needs (`fileno`, `read` of
     the header) and nothing else: open, fstat, pread, mmap and close are the whole open."""
@@ -226,7 +209,6 @@ class _IndexReader:
         self.idx_path = idx_path
         log(_MEGATRON_LOG, logging.INFO, f"Load the {type(self).__name__} from {idx_path}")
         try:
-            _refuse_special_file(idx_path)
             # an index of up to READ_BELOW bytes: one call (open, fstat, read, close without the
             # GIL); a larger one is left open by that call, to be mapped; a blend opens one per
             # source
@@ -258,6 +240,10 @@ class _IndexReader:
                     self._mapping = read_or_map(stream.fileno(), size, idx_path)
         except FileNotFoundError:
             raise FileNotFoundError(errno.ENOENT, f"index file not found: {idx_path}") from None
+        except NotARegularFile as error:
+            raise DataFormatError(
+                f"{idx_path}: index file {error.kind}, not a regular file; refusing it"
+            ) from None
         except OSError as error:
             limit = resource_error(error, idx_path)
             if limit is None:
