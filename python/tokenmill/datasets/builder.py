@@ -43,7 +43,12 @@ from tokenmill.datasets.utils import (
 from tokenmill.errors import MegatronAssertionError, ResourceLimitError
 from tokenmill.index.blending import compute_ahead, discard_ahead
 from tokenmill.index.cache import encode_evidence, once_per_file, trusting_builder, vouching
-from tokenmill.index.cache_writes import batch_has_entries, deferred_commits, stop_batch
+from tokenmill.index.cache_writes import (
+    BuildStoppedError,
+    batch_has_entries,
+    deferred_commits,
+    stop_batch,
+)
 
 __all__ = ["BlendedMegatronDatasetBuilder"]
 
@@ -79,13 +84,16 @@ def _in_order_stopping_at_failure(
     written after it (`cache_writes.stop_batch`): nothing is built or committed after the
     first failure; the error is raised once the members already running have returned."""
     stopped = threading.Event()
+    failures: list[BaseException] = []  # in the order they happened; the first is the cause
 
     def guarded(number: int) -> list[Any]:
         if stopped.is_set():
             raise _Skipped
         try:
             return build_one(number)
-        except BaseException:
+        except BaseException as error:
+            if not isinstance(error, BuildStoppedError):
+                failures.append(error)
             stopped.set()
             stop_batch()
             raise
@@ -101,6 +109,12 @@ def _in_order_stopping_at_failure(
                     result = future.result()
                 except _Skipped:
                     continue  # a later member skipped after an earlier one failed
+                except BuildStoppedError:
+                    # an earlier member, still running when a later one failed, was refused its
+                    # commit: the later member's error is the cause, raised instead
+                    if failures:
+                        raise failures[0] from None
+                    raise
                 yield result
         except BaseException:
             stopped.set()
