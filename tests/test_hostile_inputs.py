@@ -2,7 +2,7 @@
 special files, resource bombs, escaping manifests, strict configs and clear errors.
 
 Cases that could crash or hang the process run in a child under a timeout; the bomb and sparse
-cases read back the child's peak RSS (`ru_maxrss`) against a 1 GiB budget.
+cases read back the child's peak RSS (VmHWM) against a 1 GiB budget.
 """
 
 from __future__ import annotations
@@ -23,11 +23,13 @@ def run_child(script: str, *args: str, timeout: float = 120) -> dict[str, object
     """Run `script` in a fresh interpreter (tests/ on its path); its last stdout line is a JSON
     report, to which the child's peak RSS (MiB) is added. A signal death or a hang fails."""
     wrapped = (
-        "import json, resource, sys\n"
+        "import json, sys\n"
         f"sys.path.insert(0, {str(HERE)!r})\n"
         + textwrap.dedent(script)
-        + "\nreport['peak_rss_mib'] = "
-        "resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024\n"
+        # VmHWM, the peak of this process's own memory map: ru_maxrss would start from the
+        # parent's peak at fork (Linux carries it across fork and exec), the test run's own
+        + "\nreport['peak_rss_mib'] = next(int(line.split()[1]) for line in "
+        "open('/proc/self/status') if line.startswith('VmHWM:')) / 1024\n"
         "print(json.dumps(report))\n"
     )
     result = subprocess.run(

@@ -65,6 +65,9 @@ from tokenmill.errors import (
     DataFormatError as DataFormatError,
 )
 from tokenmill.errors import (
+    MegatronAssertionError as MegatronAssertionError,
+)
+from tokenmill.errors import (
     ObjectStorageError as ObjectStorageError,
 )
 from tokenmill.errors import (
@@ -139,6 +142,7 @@ __all__ = [
     "IndexedDataset",
     "IndexedDatasetBuilder",
     "Manifest",
+    "MegatronAssertionError",
     "MemoryMappedDataset",
     "Mixture",
     "MixtureConfig",

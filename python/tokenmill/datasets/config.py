@@ -59,6 +59,7 @@ TOKENMILL_FIELDS = frozenset(
         "exact_sample_count",
         "index_build_threads",
         "token_output_dtype",
+        "raw_text",
     }
 )
 """Config fields megatron-core 0.19 does not have (tokenmill's own, and Megatron-LM main's):
