@@ -51,7 +51,7 @@ import numpy
 from tokenmill.common.ownership import own_output
 from tokenmill.errors import DataFormatError
 from tokenmill.formats.dataset_sidecar import read_sidecar, sidecar_path, write_sidecar
-from tokenmill.formats.megatron import DType, IndexedDatasetBuilder, get_bin_path, get_idx_path
+from tokenmill.formats.megatron import IndexedDatasetBuilder, get_bin_path, get_idx_path
 from tokenmill.tokenize.encode import Encoded, EncodeOptions, Encoder
 from tokenmill.tokenize.pipeline import (
     TokenizeConfig,
@@ -60,6 +60,7 @@ from tokenmill.tokenize.pipeline import (
     _job_key,
     _load_tokenizer,
     _remove_leftovers,
+    encode_options,
 )
 from tokenmill.tokenize.readers import (
     DEFAULT_CHUNK_BYTES,
@@ -302,17 +303,7 @@ class RunIdentity:
     ) -> RunIdentity:
         """The identity of ``config`` run with ``tokenizer``; creates the parts directory."""
         fingerprint = tokenizer.fingerprint()
-        options = EncodeOptions(
-            read=config.read,
-            dtype=numpy.dtype(DType.optimal_dtype(tokenizer.vocab_size)).name,
-            vocab_size=tokenizer.vocab_size,
-            bos_id=tokenizer.bos_id,
-            eod_id=tokenizer.eod_id,
-            prepend_bos=config.prepend_bos,
-            append_eod=config.append_eod,
-            window=config.window,
-            overlap=config.overlap,
-        )
+        options = encode_options(config, tokenizer)
         output_prefix = os.path.abspath(config.output_prefix)
         os.makedirs(os.path.dirname(output_prefix), exist_ok=True)
         if make_parts:

@@ -94,6 +94,7 @@ __all__ = [
     "OUTPUT_FORMATS",
     "TokenizeConfig",
     "TokenizeResult",
+    "encode_options",
     "part_prefix",
     "resolve_rank",
     "tokenize",
@@ -468,6 +469,23 @@ def _load_tokenizer(config: TokenizeConfig) -> Tokenizer:
     return tokenizer
 
 
+def encode_options(config: TokenizeConfig, tokenizer: Tokenizer) -> EncodeOptions:
+    """What every part of `config`'s run is encoded with (the smallest dtype holding the
+    tokenizer's ids): one derivation for the local pipeline and the Ray engine, whose parts must
+    be byte-identical."""
+    return EncodeOptions(
+        read=config.read,
+        dtype=numpy.dtype(DType.optimal_dtype(tokenizer.vocab_size)).name,
+        vocab_size=tokenizer.vocab_size,
+        bos_id=tokenizer.bos_id,
+        eod_id=tokenizer.eod_id,
+        prepend_bos=config.prepend_bos,
+        append_eod=config.append_eod,
+        window=config.window,
+        overlap=config.overlap,
+    )
+
+
 @dataclass
 class _Run:
     """One rank's work: the job identity and which of its inputs still need a part."""
@@ -489,17 +507,7 @@ class _Run:
         """The job key, the parts directory (created), and this rank's pending inputs; the
         leftovers of a killed run are removed from every pending part."""
         fingerprint = tokenizer.fingerprint()
-        options = EncodeOptions(
-            read=config.read,
-            dtype=numpy.dtype(DType.optimal_dtype(tokenizer.vocab_size)).name,
-            vocab_size=tokenizer.vocab_size,
-            bos_id=tokenizer.bos_id,
-            eod_id=tokenizer.eod_id,
-            prepend_bos=config.prepend_bos,
-            append_eod=config.append_eod,
-            window=config.window,
-            overlap=config.overlap,
-        )
+        options = encode_options(config, tokenizer)
         job = _job_key(fingerprint, options, config.output_format)
         files = expand_inputs(config.inputs)
         output_prefix = os.path.abspath(config.output_prefix)
