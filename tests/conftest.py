@@ -146,6 +146,23 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
             terminalreporter.line(oracles.message(name, reason))
 
 
+@pytest.fixture(autouse=True)
+def _collect_the_oracles_leaked_files(request: pytest.FixtureRequest) -> Iterator[None]:
+    """megatron-core (the oracle) can leave a .bin file object to the garbage collector when it
+    refuses a config midway; collected during a later test, its ResourceWarning became that
+    test's unraisable-exception error. Collect it in the megatron test that made it, with the
+    oracle's own leak ignored (tokenmill's files are not involved: its readers keep no file
+    object)."""
+    yield
+    if request.node.get_closest_marker("megatron") is not None:
+        import gc
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ResourceWarning)
+            gc.collect()
+
+
 @pytest.fixture
 def tokenizer() -> TinyTokenizer:
     return TinyTokenizer()
