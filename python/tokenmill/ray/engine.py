@@ -61,6 +61,7 @@ from tokenmill.tokenize.pipeline import (
     _load_tokenizer,
     _remove_leftovers,
     encode_options,
+    part_files_complete,
 )
 from tokenmill.tokenize.readers import (
     DEFAULT_CHUNK_BYTES,
@@ -352,13 +353,7 @@ def _range_part_is_done(prefix: str, identity: dict[str, Any], item: InputRange,
         or record.get("range") != item.record()
     ):
         return False
-    for path, key in ((get_bin_path(prefix), "bin_bytes"), (get_idx_path(prefix), "idx_bytes")):
-        try:
-            if os.path.getsize(path) != record.get(key):
-                return False
-        except OSError:
-            return False
-    return True
+    return part_files_complete(prefix, record)
 
 
 class _Downloaded:

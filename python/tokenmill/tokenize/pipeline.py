@@ -95,6 +95,7 @@ __all__ = [
     "TokenizeConfig",
     "TokenizeResult",
     "encode_options",
+    "part_files_complete",
     "part_prefix",
     "resolve_rank",
     "tokenize",
@@ -289,13 +290,7 @@ def _part_is_done(prefix: str, identity: dict[str, Any], job: str) -> bool:
         return False
     if record.get("job") != job or record.get("inputs") != [identity]:
         return False
-    for path, key in ((get_bin_path(prefix), "bin_bytes"), (get_idx_path(prefix), "idx_bytes")):
-        try:
-            if os.path.getsize(path) != record.get(key):
-                return False
-        except OSError:
-            return False
-    return True
+    return part_files_complete(prefix, record)
 
 
 def _remove_leftovers(prefix: str) -> None:
@@ -467,6 +462,19 @@ def _load_tokenizer(config: TokenizeConfig) -> Tokenizer:
                 "--bos-token/--eod-token or switch the option off"
             )
     return tokenizer
+
+
+def part_files_complete(prefix: str, record: dict[str, Any]) -> bool:
+    """Whether the part `prefix`'s .bin and .idx have the sizes its record names (a part's
+    record is written last, so sizes that differ mean the files are not the ones it vouches
+    for); shared by the local pipeline and the Ray engine."""
+    for path, key in ((get_bin_path(prefix), "bin_bytes"), (get_idx_path(prefix), "idx_bytes")):
+        try:
+            if os.path.getsize(path) != record.get(key):
+                return False
+        except OSError:
+            return False
+    return True
 
 
 def encode_options(config: TokenizeConfig, tokenizer: Tokenizer) -> EncodeOptions:
