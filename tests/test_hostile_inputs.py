@@ -53,8 +53,12 @@ from conftest import write_megatron_shard
 from tokenmill.errors import DataFormatError
 
 root, reader, cut = sys.argv[1], sys.argv[2], int(sys.argv[3])
+target = sys.argv[4] if len(sys.argv) > 4 else "bin"
 rng = np.random.default_rng(0)
-prefix = write_megatron_shard(root + "/s", [rng.integers(1, 1000, 3000) for _ in range(20)])
+if target == "bin":
+    prefix = write_megatron_shard(root + "/s", [rng.integers(1, 1000, 3000) for _ in range(20)])
+else:  # 15,000 sequences: a 300,042-byte .idx (mapped, not read whole; lengths end at 60,034)
+    prefix = write_megatron_shard(root + "/s", [rng.integers(1, 1000, 4) for _ in range(15000)])
 bin_path = prefix + ".bin"  # 120,000 bytes: 30 pages
 
 
@@ -79,6 +83,20 @@ if reader == "indexed":
     dataset = IndexedDataset(prefix)
     first = dataset[0].copy()
     read = lambda: [int(dataset[i].sum()) for i in range(len(dataset))]
+elif reader == "indexed slices":
+    from tokenmill import IndexedDataset
+    dataset = IndexedDataset(prefix)
+    first = dataset[0:1]
+    read = lambda: [len(dataset[i : i + 10]) for i in range(0, len(dataset), 10)]
+elif reader == "megatron get":  # the class patch_megatron() installs, at megatron's path
+    from tokenmill.megatron.indexed_dataset import IndexedDataset
+    dataset = IndexedDataset(prefix)
+    first = dataset.get(0, 1)
+    read = lambda: [int(dataset.get(i, 1).sum()) for i in range(len(dataset))]
+elif reader == "megatron mmap reader":
+    from tokenmill.megatron.indexed_dataset import _MMapBinReader
+    bin_reader = _MMapBinReader(bin_path)
+    read = lambda: [int(bin_reader.read(np.uint16, 1000, 2000 * i).sum()) for i in range(60)]
 elif reader in ("gpt one", "gpt batch"):
     dataset = gpt()
     first = dataset[0]
@@ -104,7 +122,7 @@ elif reader == "nanogpt":
     iterator = iter(dataset)
     first = next(iterator)
     read = lambda: [int(window["input_ids"].sum()) for window in iterator]
-os.truncate(bin_path, cut)
+os.truncate(bin_path if target == "bin" else prefix + ".idx", cut)
 try:
     read()
     report = {"raised": None}
@@ -114,7 +132,18 @@ except DataFormatError as error:
 
 
 @pytest.mark.parametrize(
-    "reader", ["indexed", "gpt one", "gpt batch", "packed one", "packed batch", "nanogpt"]
+    "reader",
+    [
+        "indexed",
+        "indexed slices",
+        "megatron get",
+        "megatron mmap reader",
+        "gpt one",
+        "gpt batch",
+        "packed one",
+        "packed batch",
+        "nanogpt",
+    ],
 )
 @pytest.mark.parametrize("cut", [40000, 60001], ids=["page-aligned", "partial-page"])
 def test_a_file_truncated_while_mapped_raises_naming_it(
@@ -126,6 +155,19 @@ def test_a_file_truncated_while_mapped_raises_naming_it(
     raised = report["raised"]
     assert isinstance(raised, str), report
     assert ".bin: data file is now" in raised and "truncated or rewritten in place" in raised
+
+
+@pytest.mark.parametrize("reader", ["indexed", "indexed slices", "megatron get"])
+@pytest.mark.parametrize("cut", [40000, 60001], ids=["page-aligned", "partial-page"])
+def test_an_index_truncated_while_mapped_raises_naming_it(
+    tmp_path: Path, reader: str, cut: int
+) -> None:
+    """A mapped .idx (above the 64 KiB read-whole size) cut under an IndexedDataset: its
+    lengths and pointers are read under the guard, so the error names the .idx."""
+    report = run_child(_TRUNCATE, str(tmp_path), reader, str(cut), "idx")
+    raised = report["raised"]
+    assert isinstance(raised, str), report
+    assert "s.idx: data file is now" in raised and "truncated or rewritten in place" in raised
 
 
 # -- strict configs and records ------------------------------------------------------------------
@@ -749,3 +791,47 @@ def test_cli_errors_echo_a_huge_value_in_one_bounded_line(tmp_path: Path) -> Non
     )  # fmt: skip
     assert result.returncode == 2
     assert result.stderr.count("\n") == 1 and len(result.stderr) < 2100, len(result.stderr)
+
+
+# -- clean exits ---------------------------------------------------------------------------------
+
+_EXIT_RACE = """
+import sys, time
+import concurrent.futures.process as process
+
+
+def wakeup(self):  # CPython 3.11's own, with the gap between its check and its write widened
+    if not self._closed:
+        if process._global_shutdown:  # only in the interpreter-exit hook
+            time.sleep(0.2)
+        self._writer.send_bytes(b"")
+
+
+process._ThreadWakeup.wakeup = wakeup
+from tokenmill.cli.main import main
+
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_a_failing_tokenize_prints_its_one_line_and_nothing_at_exit(tmp_path: Path) -> None:
+    """A worker's error ends tokenize with one line, and nothing follows at interpreter exit.
+    The pool's manager thread used to outlive the error, and CPython's exit hook raced it for
+    the pool's wake-up pipe: now and then "Exception ignored ... Bad file descriptor". The
+    child widens that race (the hook's write sleeps), so a still-running thread loses it on
+    every run; the runs repeat for any other order of exit."""
+    good = tmp_path / "good.jsonl"
+    good.write_text(
+        "".join(json.dumps({"text": f"document {i} " * 20}) + "\n" for i in range(3000))
+    )
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": "ok"}\n{"text": "lone \\udc80 surrogate"}\n')
+    for run in range(20):
+        result = subprocess.run(
+            [sys.executable, "-c", _EXIT_RACE, "tokenize", str(good), str(bad), "--output",
+             str(tmp_path / f"out{run}"), "--threads", "2", "--quiet"],
+            capture_output=True, text=True, timeout=120, check=False,
+        )  # fmt: skip
+        assert result.returncode == 1, result.stderr
+        assert result.stderr.count("\n") == 1, f"run {run}: {result.stderr}"
+        assert result.stderr.startswith("tokenmill: error: ") and "lone surrogate" in result.stderr

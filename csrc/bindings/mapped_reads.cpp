@@ -62,6 +62,33 @@ void copy_mapped(const py::handle& destination, const py::handle& mapping, int64
   });
 }
 
+// (pointers[index], lengths[index]) of a mapped .idx (int64 and int32 arrays), read under the
+// guard, then the page after each is probed: an index cut underneath the reader raises
+// MappedReadFault instead of SIGBUS (or a zero length read from the partial page at the cut).
+py::tuple sequence_entry(const py::handle& lengths, const py::handle& pointers, int64_t index) {
+  HeldView held_lengths(lengths, PyBUF_C_CONTIGUOUS);
+  HeldView held_pointers(pointers, PyBUF_C_CONTIGUOUS);
+  if (index < 0 || index >= held_lengths.view.len / 4 || index >= held_pointers.view.len / 8) {
+    throw py::index_error("sequence " + std::to_string(index) + " is outside an index of " +
+                          std::to_string(held_lengths.view.len / 4) + " sequences");
+  }
+  const auto* length_at = static_cast<const unsigned char*>(held_lengths.view.buf) + index * 4;
+  const auto* pointer_at = static_cast<const unsigned char*>(held_pointers.view.buf) + index * 8;
+  const auto* lengths_end = static_cast<const unsigned char*>(held_lengths.view.buf) +
+                            held_lengths.view.len;
+  const auto* pointers_end = static_cast<const unsigned char*>(held_pointers.view.buf) +
+                             held_pointers.view.len;
+  int32_t length = 0;
+  int64_t pointer = 0;
+  tokenmill::guard_mapped_reads([&] {
+    std::memcpy(&length, length_at, sizeof length);
+    std::memcpy(&pointer, pointer_at, sizeof pointer);
+    tokenmill::probe_next_page(length_at + 3, lengths_end);
+    tokenmill::probe_next_page(pointer_at + 7, pointers_end);
+  });
+  return py::make_tuple(pointer, length);
+}
+
 }  // namespace
 
 void register_mapped_reads(py::module_& m) {
@@ -72,6 +99,9 @@ void register_mapped_reads(py::module_& m) {
   m.def("copy_mapped", &copy_mapped, "destination"_a, "mapping"_a, "begin"_a,
         "Copy len(destination) bytes of mapping from byte `begin`, MappedReadFault (not SIGBUS) "
         "if the mapped file shrank underneath.");
+  m.def("sequence_entry", &sequence_entry, "lengths"_a, "pointers"_a, "index"_a,
+        "(pointers[index], lengths[index]) of a mapped .idx (int64, int32 arrays), read under the "
+        "SIGBUS guard: MappedReadFault if the mapped index shrank underneath.");
 }
 
 }  // namespace tokenmill::bindings

@@ -94,6 +94,9 @@ class MappedReadFault(OSError):
 
 def probe_mapped(mapping: npt.NDArray[Any], begin: int, end: int) -> None: ...
 def copy_mapped(destination: npt.NDArray[Any], mapping: npt.NDArray[Any], begin: int) -> None: ...
+def sequence_entry(
+    lengths: npt.NDArray[Any], pointers: npt.NDArray[Any], index: int
+) -> tuple[int, int]: ...
 
 class Gatherer:
     """A GPTDataset's index arrays and token buffer, for batched gathers."""

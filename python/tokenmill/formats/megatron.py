@@ -451,6 +451,32 @@ class IndexedDataset:
             )
         return index
 
+    def _entry(self, sequence: int) -> tuple[int, int]:
+        """(byte pointer, length) of `sequence`; read under the SIGBUS guard when the `.idx` is
+        mapped, so an index cut underneath the reader raises naming it instead of killing the
+        process."""
+        index = self.index
+        if not index.mapped:
+            return int(index.sequence_pointers[sequence]), int(index.sequence_lengths[sequence])
+        try:
+            return _core.sequence_entry(index.sequence_lengths, index.sequence_pointers, sequence)
+        except _core.MappedReadFault as fault:
+            raise shrunk_file_error(index.idx_path, len(index._mapping), fault) from None
+
+    def _mapped_lengths(self, start: int, stop: int) -> npt.NDArray[numpy.int32]:
+        """``sequence_lengths[start:stop]``, copied out under the SIGBUS guard when the `.idx`
+        is mapped."""
+        index = self.index
+        lengths = index.sequence_lengths[start:stop]
+        if not index.mapped or start == stop:
+            return lengths
+        copied = numpy.empty(stop - start, dtype=lengths.dtype)
+        try:
+            _core.copy_mapped(copied, index.sequence_lengths, start * lengths.dtype.itemsize)
+        except _core.MappedReadFault as fault:
+            raise shrunk_file_error(index.idx_path, len(index._mapping), fault) from None
+        return copied
+
     def _read(self, byte_offset: int, count: int, sequence: int) -> npt.NDArray[Any]:
         end = byte_offset + count * self._itemsize
         if byte_offset < 0 or count < 0 or end > self._bin_size or byte_offset % self._itemsize:
@@ -508,11 +534,7 @@ class IndexedDataset:
         if isinstance(idx, (int, numpy.integer)):
             sequence = self._resolve(idx)
             index = self.index
-            tokens = self._read(
-                int(index.sequence_pointers[sequence]),
-                int(index.sequence_lengths[sequence]),
-                sequence,
-            )
+            tokens = self._read(*self._entry(sequence), sequence)
             if index.sequence_modes is not None:
                 return tokens, index.sequence_modes[sequence]
             return tokens
@@ -523,7 +545,7 @@ class IndexedDataset:
                     f"slices into an IndexedDataset must be contiguous (step 1), got step {step}"
                 )
             stop = max(start, stop)
-            lengths = self.index.sequence_lengths[start:stop]
+            lengths = self._mapped_lengths(start, stop)
             modes = (
                 self.index.sequence_modes[start:stop]
                 if self.index.sequence_modes is not None
@@ -536,12 +558,10 @@ class IndexedDataset:
                     bad = start + int(numpy.argmax(lengths < 0))
                     raise DataFormatError(
                         f"{get_idx_path(self.path_prefix)}: sequence {bad} has length "
-                        f"{int(self.index.sequence_lengths[bad])}; the index is corrupt"
+                        f"{int(lengths[bad - start])}; the index is corrupt"
                     )
                 bounds = numpy.cumsum(lengths, dtype=numpy.int64)
-                tokens = self._read(
-                    int(self.index.sequence_pointers[start]), int(bounds[-1]), start
-                )
+                tokens = self._read(self._entry(start)[0], int(bounds[-1]), start)
                 sequences = numpy.split(tokens, bounds[:-1])
             return (sequences, modes) if modes is not None else sequences
         raise TypeError(f"IndexedDataset indices must be integers or slices, not {type(idx)}")
@@ -563,7 +583,7 @@ class IndexedDataset:
         """
         sequence = self._resolve(idx)
         index = self.index
-        sequence_length = int(index.sequence_lengths[sequence])
+        pointer, sequence_length = self._entry(sequence)
         offset = int(offset)
         if length is None:
             length = sequence_length - offset
@@ -573,9 +593,7 @@ class IndexedDataset:
                 f"{self.path_prefix}: tokens [{offset}, {offset + length}) are outside sequence "
                 f"{sequence} of length {sequence_length}"
             )
-        tokens = self._read(
-            int(index.sequence_pointers[sequence]) + offset * self._itemsize, length, sequence
-        )
+        tokens = self._read(pointer + offset * self._itemsize, length, sequence)
         if index.sequence_modes is not None:
             return tokens, index.sequence_modes[sequence]
         return tokens

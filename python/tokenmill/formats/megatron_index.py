@@ -388,6 +388,12 @@ class _IndexReader:
             bin_path,
         )
 
+    @property
+    def mapped(self) -> bool:
+        """Whether the arrays are views of a shared map of the file (an index above READ_BELOW
+        bytes), which a SIGBUS reaches if the file shrinks (a smaller one was read whole)."""
+        return not isinstance(self._mapping.obj, (bytes, bytearray))
+
     def expected_bin_size(self) -> int:
         """The ``.bin`` size implied by the last pointer and length (0 when there are no
         sequences)."""
