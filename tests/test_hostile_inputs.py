@@ -765,6 +765,62 @@ except MemoryError as error:
     assert float(str(report["peak_rss_mib"])) < RSS_BUDGET_MIB, report
 
 
+def test_a_sparse_npy_document_corpus_is_refused_before_allocating_its_table(
+    tmp_path: Path,
+) -> None:
+    """A directory of .npy token files, one of them a sparse 8 GiB file of zeros, read as
+    documents ending at EOS 0: one document per token, 4 Gi of them. The boundary scan checks
+    the table it implies against the memory budget as it goes and refuses it after one step.
+    The child's data limit (2 GiB; the file's map is not counted) turns the old unbounded
+    allocation into an error instead of a machine swapping."""
+    report = run_child(
+        """
+import os, resource
+os.environ["TOKENMILL_MEMORY_BUDGET"] = str(1 << 30)
+resource.setrlimit(resource.RLIMIT_DATA, (2 << 30, 2 << 30))
+import numpy as np
+from tokenmill.formats.documents import DocumentCorpus
+
+root = sys.argv[1] + "/corpus"
+os.mkdir(root)
+np.save(root + "/a.npy", np.array([5, 6, 0, 7, 0], dtype=np.uint16))
+count = 4 << 30
+with open(root + "/b.npy", "wb") as stream:
+    header = {"descr": "<u2", "fortran_order": False, "shape": (count,)}
+    np.lib.format.write_array_header_1_0(stream, header)
+    stream.truncate(stream.tell() + 2 * count)  # sparse: no block written
+try:
+    DocumentCorpus(root, eos_token=0)
+    report = {"raised": None}
+except MemoryError as error:
+    report = {"raised": str(error)}
+""",
+        str(tmp_path),
+        timeout=120,
+    )
+    raised = str(report["raised"])
+    assert "b.npy: the document table of at least" in raised, report
+    assert "EOS token 0" in raised and "4,294,967,296 tokens" in raised, report
+    assert float(str(report["peak_rss_mib"])) < RSS_BUDGET_MIB, report
+
+
+@pytest.mark.parametrize(("bos", "eos"), [(None, 0), (0, None)])
+def test_a_boundary_scan_in_steps_finds_what_one_scan_finds(
+    monkeypatch: pytest.MonkeyPatch, bos: int | None, eos: int | None
+) -> None:
+    import numpy as np
+
+    from tokenmill.formats import sources
+
+    tokens = np.random.default_rng(3).integers(0, 4, 1000).astype(np.uint16)
+    shard = sources.Shard("s", "s.npy", tokens)
+    whole = sources.document_lengths(shard, bos, eos)
+    monkeypatch.setattr(sources, "SCAN_STEP_TOKENS", 7)
+    stepped = sources.document_lengths(shard, bos, eos)
+    assert whole[0] is not None and stepped[0] is not None
+    assert whole[0].tolist() == stepped[0].tolist() and whole[1] == stepped[1]
+
+
 def test_a_manifest_that_never_ends_is_refused_at_its_limit(
     tmp_path: Path, hostile_server: _HostileServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
