@@ -375,6 +375,7 @@ class _HostileServer:
         import http.server
         import posixpath
         import threading
+        import time
         import urllib.parse
 
         self.root = root
@@ -388,6 +389,17 @@ class _HostileServer:
                 path = posixpath.normpath(
                     urllib.parse.unquote(urllib.parse.urlsplit(self.path).path)
                 )
+                if path in ("/pub/trickle.bin", "/pub/trickle.json"):
+                    self.send_response(200)
+                    self.end_headers()
+                    try:  # a byte every 50 ms, never the end (60 s at most: the test's guard)
+                        for _ in range(1200):
+                            self.wfile.write(b"t")
+                            self.wfile.flush()
+                            time.sleep(0.05)
+                    except (BrokenPipeError, ConnectionResetError):
+                        pass
+                    return
                 if path in ("/pub/endless.bin", "/pub/endless.json"):
                     self.send_response(200)
                     self.end_headers()
@@ -478,6 +490,32 @@ def test_a_body_longer_than_the_manifest_says_is_cut_off(
     ):
         download(f"{base}/manifest.json", str(destination), policy=_fast_policy())
     assert all(p.stat().st_size <= 100 for p in destination.rglob("*") if p.is_file())
+
+
+@pytest.mark.parametrize("what", ["shard list", "declared size", "manifest"])
+def test_a_body_that_trickles_forever_fails_at_the_total_deadline(
+    tmp_path: Path, hostile_server: _HostileServer, what: str
+) -> None:
+    """A server that sends a byte every 50 ms and never ends the body: every read succeeds
+    within the per-read timeout, so only the total deadline stops it (2 s here)."""
+    from tokenmill.storage.download import download
+    from tokenmill.storage.manifest import parse_shard_list
+    from tokenmill.storage.transfer import DeadlinePassed, TransferPolicy
+
+    policy = TransferPolicy(max_attempts=3, timeout=10.0, deadline=2.0)
+    base = f"{hostile_server.url}/pub"
+    source: object
+    if what == "shard list":  # no size to stop at
+        source = parse_shard_list([f"{base}/trickle.bin"], "test")
+    elif what == "declared size":  # 1,000 bytes declared: more than 2 s of trickle brings
+        (hostile_server.root / "pub" / "manifest.json").write_text(
+            _manifest_json([_object("trickle.bin", b"t" * 1000)])
+        )
+        source = f"{base}/manifest.json"
+    else:  # the manifest itself trickles
+        source = f"{base}/trickle.json"
+    with pytest.raises(DeadlinePassed, match=r"trickle\.(bin|json): not complete after \d+ s"):
+        download(source, str(tmp_path / "destination"), policy=policy)  # type: ignore[arg-type]
 
 
 def test_a_hard_linked_partial_file_never_overwrites_its_other_name(tmp_path: Path) -> None:
