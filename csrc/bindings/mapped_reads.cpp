@@ -62,32 +62,57 @@ void copy_mapped(const py::handle& destination, const py::handle& mapping, int64
   });
 }
 
-// (pointers[index], lengths[index]) of a mapped .idx (int64 and int32 arrays), read under the
-// guard, then the page after each is probed: an index cut underneath the reader raises
-// MappedReadFault instead of SIGBUS (or a zero length read from the partial page at the cut).
-py::tuple sequence_entry(const py::handle& lengths, const py::handle& pointers, int64_t index) {
-  HeldView held_lengths(lengths, PyBUF_C_CONTIGUOUS);
-  HeldView held_pointers(pointers, PyBUF_C_CONTIGUOUS);
-  if (index < 0 || index >= held_lengths.view.len / 4 || index >= held_pointers.view.len / 8) {
-    throw py::index_error("sequence " + std::to_string(index) + " is outside an index of " +
-                          std::to_string(held_lengths.view.len / 4) + " sequences");
+// A mapped file held for guarded reads that cost one call each: its buffer is taken once, at
+// construction (the map stays alive while this object does). Probing its last byte is the
+// cheap form of the shrink check: every page wholly past a new, shorter end raises SIGBUS when
+// touched, the mapping's last page included, so the probe faults after any cut below that page
+// however far from it the read was; the byte is one hot cache line, where the page after a read
+// (probe_next_page) is a cold one. A cut inside the last page stays unseen, as with that probe.
+class MappedFile {
+ public:
+  explicit MappedFile(const py::handle& exporter) : held_(exporter, PyBUF_C_CONTIGUOUS) {}
+
+  int64_t size() const { return held_.view.len; }
+
+  // MappedReadFault if the file now ends before the mapping's last page.
+  void probe() const {
+    if (held_.view.len == 0) return;
+    const auto* last = static_cast<const unsigned char*>(held_.view.buf) + held_.view.len - 1;
+    tokenmill::guard_mapped_reads([&] { (void)*reinterpret_cast<const volatile unsigned char*>(last); });
   }
-  const auto* length_at = static_cast<const unsigned char*>(held_lengths.view.buf) + index * 4;
-  const auto* pointer_at = static_cast<const unsigned char*>(held_pointers.view.buf) + index * 8;
-  const auto* lengths_end = static_cast<const unsigned char*>(held_lengths.view.buf) +
-                            held_lengths.view.len;
-  const auto* pointers_end = static_cast<const unsigned char*>(held_pointers.view.buf) +
-                             held_pointers.view.len;
-  int32_t length = 0;
-  int64_t pointer = 0;
-  tokenmill::guard_mapped_reads([&] {
-    std::memcpy(&length, length_at, sizeof length);
-    std::memcpy(&pointer, pointer_at, sizeof pointer);
-    tokenmill::probe_next_page(length_at + 3, lengths_end);
-    tokenmill::probe_next_page(pointer_at + 7, pointers_end);
-  });
-  return py::make_tuple(pointer, length);
-}
+
+  // (int64 at pointers_offset + 8 * index, int32 at lengths_offset + 4 * index) of an index
+  // of `count` entries (a .idx's pointer and length), read under the guard, then the probe.
+  py::tuple entry(int64_t lengths_offset, int64_t pointers_offset, int64_t count,
+                  int64_t index) const {
+    const int64_t size = held_.view.len;
+    if (count < 0 || lengths_offset < 0 || pointers_offset < 0 ||
+        count > (size - lengths_offset) / 4 || count > (size - pointers_offset) / 8) {
+      throw py::value_error("an index of " + std::to_string(count) +
+                            " entries does not fit a mapping of " + std::to_string(size) +
+                            " bytes");
+    }
+    if (index < 0 || index >= count) {
+      throw py::index_error("sequence " + std::to_string(index) + " is outside an index of " +
+                            std::to_string(count) + " sequences");
+    }
+    const auto* base = static_cast<const unsigned char*>(held_.view.buf);
+    const unsigned char* length_at = base + lengths_offset + 4 * index;
+    const unsigned char* pointer_at = base + pointers_offset + 8 * index;
+    const unsigned char* last = base + size - 1;
+    int32_t length = 0;
+    int64_t pointer = 0;
+    tokenmill::guard_mapped_reads([&] {
+      std::memcpy(&length, length_at, sizeof length);
+      std::memcpy(&pointer, pointer_at, sizeof pointer);
+      (void)*reinterpret_cast<const volatile unsigned char*>(last);
+    });
+    return py::make_tuple(pointer, length);
+  }
+
+ private:
+  HeldView held_;
+};
 
 }  // namespace
 
@@ -99,9 +124,18 @@ void register_mapped_reads(py::module_& m) {
   m.def("copy_mapped", &copy_mapped, "destination"_a, "mapping"_a, "begin"_a,
         "Copy len(destination) bytes of mapping from byte `begin`, MappedReadFault (not SIGBUS) "
         "if the mapped file shrank underneath.");
-  m.def("sequence_entry", &sequence_entry, "lengths"_a, "pointers"_a, "index"_a,
-        "(pointers[index], lengths[index]) of a mapped .idx (int64, int32 arrays), read under the "
-        "SIGBUS guard: MappedReadFault if the mapped index shrank underneath.");
+  py::class_<MappedFile>(m, "MappedFile",
+                         "A mapped file held for guarded reads (MappedReadFault, not SIGBUS, "
+                         "if the file shrank underneath).")
+      .def(py::init<const py::handle&>(), "mapping"_a)
+      .def_property_readonly("size", &MappedFile::size)
+      .def("probe", &MappedFile::probe,
+           "Touch the mapping's last byte: MappedReadFault if the file now ends before its "
+           "last page.")
+      .def("entry", &MappedFile::entry, "lengths_offset"_a, "pointers_offset"_a, "count"_a,
+           "index"_a,
+           "(pointer, length) of entry `index` of a .idx's int64 pointers and int32 lengths at "
+           "these byte offsets, read under the guard, then probe().");
 }
 
 }  // namespace tokenmill::bindings

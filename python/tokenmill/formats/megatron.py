@@ -292,6 +292,7 @@ class IndexedDataset:
         self._bin_descriptor = -1
         self._scan_pending = False  # see deferred_index_scans
         self._token_view: npt.NDArray[Any] | None = None
+        self._bin_file: _core.MappedFile | None = None  # the mapped .bin, for guarded probes
         self._map_on_first_read = False
         self.bin_reader: Any = None
         if path_prefix.startswith(OBJECT_STORAGE_SCHEMES):
@@ -355,6 +356,7 @@ class IndexedDataset:
             os.close(descriptor)
         # two threads may both map on a first read: the map that loses is freed with its array
         self._token_view = numpy.frombuffer(mapping, dtype=self.dtype, count=size // self._itemsize)
+        self._bin_file = _core.MappedFile(mapping)
         self._map_on_first_read = False
 
     def _open_object_storage(self) -> None:
@@ -456,10 +458,8 @@ class IndexedDataset:
         mapped, so an index cut underneath the reader raises naming it instead of killing the
         process."""
         index = self.index
-        if not index.mapped:
-            return int(index.sequence_pointers[sequence]), int(index.sequence_lengths[sequence])
         try:
-            return _core.sequence_entry(index.sequence_lengths, index.sequence_pointers, sequence)
+            return index.entry(sequence)
         except _core.MappedReadFault as fault:
             raise shrunk_file_error(index.idx_path, len(index._mapping), fault) from None
 
@@ -489,11 +489,11 @@ class IndexedDataset:
             self._map_bin()
         tokens_view = self._token_view
         if tokens_view is not None:
-            if count:
-                # a view is read by the caller, where a SIGBUS cannot be caught: touch its last
-                # byte and the next page first (a file shrunk below them raises here instead)
+            if count and self._bin_file is not None:
+                # a view is read by the caller, where a SIGBUS cannot be caught: probe the
+                # mapping's end first (a file shrunk below its last page raises here instead)
                 try:
-                    _core.probe_mapped(tokens_view, byte_offset, end)
+                    self._bin_file.probe()
                 except _core.MappedReadFault as fault:
                     raise shrunk_file_error(
                         get_bin_path(self.path_prefix), self._bin_size, fault

@@ -20,6 +20,7 @@ import struct
 import numpy
 import numpy.typing as npt
 
+from tokenmill import _core
 from tokenmill.common.mapping import READ_BELOW, read_or_map, resource_error
 from tokenmill.common.megatron_log import elapsed, log, megatron_logger
 from tokenmill.common.whole_read import NotARegularFile, read_whole
@@ -252,6 +253,9 @@ class _IndexReader:
 
         sequence_count, document_count = self.sequence_count, self.document_count
         offset = HEADER_SIZE
+        # a mapped index's pointer and length are read under the SIGBUS guard (`entry`)
+        self._guarded = _core.MappedFile(self._mapping) if self.mapped else None
+        self._entry_offsets = (offset, offset + 4 * sequence_count, sequence_count)
         # megatron-core's lines, levels and timings (tokenmill.common.megatron_log)
         log(_MEGATRON_LOG, logging.INFO, "\tExtract the sequence lengths")
         with elapsed(_MEGATRON_LOG):
@@ -393,6 +397,19 @@ class _IndexReader:
         """Whether the arrays are views of a shared map of the file (an index above READ_BELOW
         bytes), which a SIGBUS reaches if the file shrinks (a smaller one was read whole)."""
         return not isinstance(self._mapping.obj, (bytes, bytearray))
+
+    def entry(self, sequence: int) -> tuple[int, int]:
+        """(byte pointer, length) of `sequence` (in range); for a mapped index read under the
+        SIGBUS guard, with the mapping's end probed.
+
+        Raises:
+            tokenmill._core.MappedReadFault: the mapped file shrank underneath.
+        """
+        guarded = self._guarded
+        if guarded is None:
+            return int(self.sequence_pointers[sequence]), int(self.sequence_lengths[sequence])
+        lengths_offset, pointers_offset, count = self._entry_offsets
+        return guarded.entry(lengths_offset, pointers_offset, count, sequence)
 
     def expected_bin_size(self) -> int:
         """The ``.bin`` size implied by the last pointer and length (0 when there are no

@@ -173,6 +173,7 @@ class _MMapBinReader(_BinReader):
         # the bytes as megatron-core's reader holds them (a uint8 array over the map)
         self._bin_buffer_mmap = numpy.frombuffer(mapping, dtype=numpy.uint8)
         self._bin_buffer = self._bin_buffer_mmap.data
+        self._bin_file = _core.MappedFile(self._bin_buffer_mmap)  # guarded probes of its end
 
     def read(self, dtype: Any, count: int, offset: int) -> numpy.ndarray[Any, Any]:
         """A read-only view of `count` tokens at byte `offset`.
@@ -184,7 +185,7 @@ class _MMapBinReader(_BinReader):
         tokens = numpy.frombuffer(self._bin_buffer, dtype=dtype, count=count, offset=offset)
         if tokens.nbytes:
             try:
-                _core.probe_mapped(self._bin_buffer_mmap, offset, offset + tokens.nbytes)
+                self._bin_file.probe()
             except _core.MappedReadFault as fault:
                 raise shrunk_file_error(self._bin_path, len(self._bin_buffer), fault) from None
         return tokens
