@@ -122,7 +122,7 @@ elif reader == "nanogpt":
     iterator = iter(dataset)
     first = next(iterator)
     read = lambda: [int(window["input_ids"].sum()) for window in iterator]
-os.truncate(bin_path if target == "bin" else prefix + ".idx", cut)
+os.truncate(prefix + ".idx" if target == "idx" else bin_path, cut)
 try:
     read()
     report = {"raised": None}
@@ -168,6 +168,16 @@ def test_an_index_truncated_while_mapped_raises_naming_it(
     raised = report["raised"]
     assert isinstance(raised, str), report
     assert "s.idx: data file is now" in raised and "truncated or rewritten in place" in raised
+
+
+@pytest.mark.parametrize("reader", ["indexed", "megatron get"])
+def test_a_bin_truncated_beside_a_mapped_index_is_named(tmp_path: Path, reader: str) -> None:
+    """ds[i] reads a mapped .idx's entry and probes the .bin's end in one guarded call: a
+    fault there names the .bin when it is the file that shrank."""
+    report = run_child(_TRUNCATE, str(tmp_path), reader, "40000", "bin beside a mapped idx")
+    raised = report["raised"]
+    assert isinstance(raised, str), report
+    assert "s.bin: data file is now 40000 bytes" in raised, raised
 
 
 # -- strict configs and records ------------------------------------------------------------------

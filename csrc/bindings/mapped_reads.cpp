@@ -74,6 +74,11 @@ class MappedFile {
 
   int64_t size() const { return held_.view.len; }
 
+  const unsigned char* last_byte() const {
+    if (held_.view.len == 0) return nullptr;
+    return static_cast<const unsigned char*>(held_.view.buf) + held_.view.len - 1;
+  }
+
   // MappedReadFault if the file now ends before the mapping's last page.
   void probe() const {
     if (held_.view.len == 0) return;
@@ -85,6 +90,20 @@ class MappedFile {
   // of `count` entries (a .idx's pointer and length), read under the guard, then the probe.
   py::tuple entry(int64_t lengths_offset, int64_t pointers_offset, int64_t count,
                   int64_t index) const {
+    return read_entry(lengths_offset, pointers_offset, count, index, nullptr);
+  }
+
+  // entry(), with the end of `also` (the .bin the entry points into) probed in the same guard:
+  // one call checks both files. `also` comes first and nothing has a default: pybind11's
+  // defaults and keywords cost more than the read itself (0.8 us against 0.2 us per call).
+  py::tuple entry_probing(const MappedFile& also, int64_t lengths_offset, int64_t pointers_offset,
+                          int64_t count, int64_t index) const {
+    return read_entry(lengths_offset, pointers_offset, count, index, also.last_byte());
+  }
+
+ private:
+  py::tuple read_entry(int64_t lengths_offset, int64_t pointers_offset, int64_t count,
+                       int64_t index, const unsigned char* also_last) const {
     const int64_t size = held_.view.len;
     if (count < 0 || lengths_offset < 0 || pointers_offset < 0 ||
         count > (size - lengths_offset) / 4 || count > (size - pointers_offset) / 8) {
@@ -106,11 +125,11 @@ class MappedFile {
       std::memcpy(&length, length_at, sizeof length);
       std::memcpy(&pointer, pointer_at, sizeof pointer);
       (void)*reinterpret_cast<const volatile unsigned char*>(last);
+      if (also_last != nullptr) (void)*reinterpret_cast<const volatile unsigned char*>(also_last);
     });
     return py::make_tuple(pointer, length);
   }
 
- private:
   HeldView held_;
 };
 
@@ -135,7 +154,10 @@ void register_mapped_reads(py::module_& m) {
       .def("entry", &MappedFile::entry, "lengths_offset"_a, "pointers_offset"_a, "count"_a,
            "index"_a,
            "(pointer, length) of entry `index` of a .idx's int64 pointers and int32 lengths at "
-           "these byte offsets, read under the guard, then probe().");
+           "these byte offsets, read under the guard, then probe().")
+      .def("entry_probing", &MappedFile::entry_probing, "also"_a, "lengths_offset"_a,
+           "pointers_offset"_a, "count"_a, "index"_a,
+           "entry(), then also.probe(), in one guarded call.");
 }
 
 }  // namespace tokenmill::bindings

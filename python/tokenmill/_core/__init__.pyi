@@ -105,6 +105,9 @@ class MappedFile:
     def entry(
         self, lengths_offset: int, pointers_offset: int, count: int, index: int
     ) -> tuple[int, int]: ...
+    def entry_probing(
+        self, also: MappedFile, lengths_offset: int, pointers_offset: int, count: int, index: int
+    ) -> tuple[int, int]: ...
 
 class Gatherer:
     """A GPTDataset's index arrays and token buffer, for batched gathers."""

@@ -293,6 +293,7 @@ class IndexedDataset:
         self._scan_pending = False  # see deferred_index_scans
         self._token_view: npt.NDArray[Any] | None = None
         self._bin_file: _core.MappedFile | None = None  # the mapped .bin, for guarded probes
+        self._entry_probing_bin: Callable[[int], tuple[int, int]] | None = None
         self._map_on_first_read = False
         self.bin_reader: Any = None
         if path_prefix.startswith(OBJECT_STORAGE_SCHEMES):
@@ -357,6 +358,8 @@ class IndexedDataset:
         # two threads may both map on a first read: the map that loses is freed with its array
         self._token_view = numpy.frombuffer(mapping, dtype=self.dtype, count=size // self._itemsize)
         self._bin_file = _core.MappedFile(mapping)
+        # ds[i]: the .idx entry read and the .bin probe in one guarded call
+        self._entry_probing_bin = self.index.entry_probing(self._bin_file)
         self._map_on_first_read = False
 
     def _open_object_storage(self) -> None:
@@ -457,11 +460,21 @@ class IndexedDataset:
         """(byte pointer, length) of `sequence`; read under the SIGBUS guard when the `.idx` is
         mapped, so an index cut underneath the reader raises naming it instead of killing the
         process."""
-        index = self.index
         try:
-            return index.entry(sequence)
+            return self.index.entry(sequence)
         except _core.MappedReadFault as fault:
-            raise shrunk_file_error(index.idx_path, len(index._mapping), fault) from None
+            raise self._index_shrunk(fault) from None
+
+    def _index_shrunk(self, fault: BaseException) -> DataFormatError:
+        """The error for a fault of a guarded read of the `.idx` (and, on the fast path, the
+        `.bin`): names whichever of them is now shorter than when mapped."""
+        index = self.index
+        bin_path = get_bin_path(self.path_prefix)
+        if self._entry_probing_bin is not None:
+            with contextlib.suppress(OSError):
+                if os.stat(bin_path).st_size < self._bin_size:
+                    return shrunk_file_error(bin_path, self._bin_size, fault)
+        return shrunk_file_error(index.idx_path, len(index._mapping), fault)
 
     def _mapped_lengths(self, start: int, stop: int) -> npt.NDArray[numpy.int32]:
         """``sequence_lengths[start:stop]``, copied out under the SIGBUS guard when the `.idx`
@@ -477,7 +490,12 @@ class IndexedDataset:
             raise shrunk_file_error(index.idx_path, len(index._mapping), fault) from None
         return copied
 
-    def _read(self, byte_offset: int, count: int, sequence: int) -> npt.NDArray[Any]:
+    def _read(
+        self, byte_offset: int, count: int, sequence: int, probe: bool = True
+    ) -> npt.NDArray[Any]:
+        """`count` tokens from `byte_offset`: a view of the mapped `.bin` (its end probed under
+        the guard unless `probe` is False: the caller's guarded entry read probed it) or a new
+        array (preads, ranged reads)."""
         end = byte_offset + count * self._itemsize
         if byte_offset < 0 or count < 0 or end > self._bin_size or byte_offset % self._itemsize:
             raise DataFormatError(
@@ -489,7 +507,7 @@ class IndexedDataset:
             self._map_bin()
         tokens_view = self._token_view
         if tokens_view is not None:
-            if count and self._bin_file is not None:
+            if count and probe and self._bin_file is not None:
                 # a view is read by the caller, where a SIGBUS cannot be caught: probe the
                 # mapping's end first (a file shrunk below its last page raises here instead)
                 try:
@@ -534,7 +552,12 @@ class IndexedDataset:
         if isinstance(idx, (int, numpy.integer)):
             sequence = self._resolve(idx)
             index = self.index
-            tokens = self._read(*self._entry(sequence), sequence)
+            fast = self._entry_probing_bin
+            try:  # inline (_entry): the hot path
+                pointer, length = index.entry(sequence) if fast is None else fast(sequence)
+            except _core.MappedReadFault as fault:
+                raise self._index_shrunk(fault) from None
+            tokens = self._read(pointer, length, sequence, fast is None)
             if index.sequence_modes is not None:
                 return tokens, index.sequence_modes[sequence]
             return tokens
@@ -583,7 +606,11 @@ class IndexedDataset:
         """
         sequence = self._resolve(idx)
         index = self.index
-        pointer, sequence_length = self._entry(sequence)
+        fast = self._entry_probing_bin  # the .idx entry and the .bin probe in one guarded call
+        try:
+            pointer, sequence_length = index.entry(sequence) if fast is None else fast(sequence)
+        except _core.MappedReadFault as fault:
+            raise self._index_shrunk(fault) from None
         offset = int(offset)
         if length is None:
             length = sequence_length - offset
@@ -593,7 +620,7 @@ class IndexedDataset:
                 f"{self.path_prefix}: tokens [{offset}, {offset + length}) are outside sequence "
                 f"{sequence} of length {sequence_length}"
             )
-        tokens = self._read(pointer + offset * self._itemsize, length, sequence)
+        tokens = self._read(pointer + offset * self._itemsize, length, sequence, fast is None)
         if index.sequence_modes is not None:
             return tokens, index.sequence_modes[sequence]
         return tokens

@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import enum
 import errno
+import functools
 import logging
 import os
 import struct
+from collections.abc import Callable
 
 import numpy
 import numpy.typing as npt
@@ -253,9 +255,15 @@ class _IndexReader:
 
         sequence_count, document_count = self.sequence_count, self.document_count
         offset = HEADER_SIZE
-        # a mapped index's pointer and length are read under the SIGBUS guard (`entry`)
-        self._guarded = _core.MappedFile(self._mapping) if self.mapped else None
-        self._entry_offsets = (offset, offset + 4 * sequence_count, sequence_count)
+        # entry(sequence): a mapped index's pointer and length are read under the SIGBUS
+        # guard, by one C++ call (a partial, not a method: no Python frame on the hot path)
+        self._entry_layout = (offset, offset + 4 * sequence_count, sequence_count)
+        self._mapped_file = _core.MappedFile(self._mapping) if self.mapped else None
+        self.entry: Callable[[int], tuple[int, int]] = (
+            functools.partial(self._mapped_file.entry, *self._entry_layout)
+            if self._mapped_file is not None
+            else self._unmapped_entry
+        )
         # megatron-core's lines, levels and timings (tokenmill.common.megatron_log)
         log(_MEGATRON_LOG, logging.INFO, "\tExtract the sequence lengths")
         with elapsed(_MEGATRON_LOG):
@@ -398,18 +406,18 @@ class _IndexReader:
         bytes), which a SIGBUS reaches if the file shrinks (a smaller one was read whole)."""
         return not isinstance(self._mapping.obj, (bytes, bytearray))
 
-    def entry(self, sequence: int) -> tuple[int, int]:
-        """(byte pointer, length) of `sequence` (in range); for a mapped index read under the
-        SIGBUS guard, with the mapping's end probed.
+    def entry_probing(self, data: _core.MappedFile) -> Callable[[int], tuple[int, int]] | None:
+        """`entry` that also probes the end of `data` (the mapped ``.bin``) in the same guarded
+        call; None for an index read whole (nothing of it to guard)."""
+        if self._mapped_file is None:
+            return None
+        return functools.partial(self._mapped_file.entry_probing, data, *self._entry_layout)
 
-        Raises:
-            tokenmill._core.MappedReadFault: the mapped file shrank underneath.
-        """
-        guarded = self._guarded
-        if guarded is None:
-            return int(self.sequence_pointers[sequence]), int(self.sequence_lengths[sequence])
-        lengths_offset, pointers_offset, count = self._entry_offsets
-        return guarded.entry(lengths_offset, pointers_offset, count, sequence)
+    def _unmapped_entry(self, sequence: int) -> tuple[int, int]:
+        """`entry` of an index read whole: (byte pointer, length) of `sequence`. A mapped
+        index's `entry` reads them under the SIGBUS guard, with the mapping's end probed, and
+        raises tokenmill._core.MappedReadFault if the file shrank underneath."""
+        return int(self.sequence_pointers[sequence]), int(self.sequence_lengths[sequence])
 
     def expected_bin_size(self) -> int:
         """The ``.bin`` size implied by the last pointer and length (0 when there are no
