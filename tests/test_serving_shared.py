@@ -162,3 +162,25 @@ def test_worker_batches_equal_in_process_batches_and_stay_intact(
             held.append((batch["tokens"], batch["tokens"].clone()))
         for kept, copy in held:
             assert torch.equal(kept, copy), number
+
+
+def test_workers_forked_after_the_main_process_served_use_shared_blocks(
+    shard: str, tmp_path: Path
+) -> None:
+    """A dataset served in the main process before its DataLoader starts (a warm-up batch, a
+    check of one sample) still hands its workers' batches over as shared blocks: the server the
+    workers inherit at fork finds out afresh that it runs in a worker. Before, it kept the main
+    process's answer, and each batch went through torch's per-tensor copy into a new segment
+    (0.5x the rate at B=8, S=2048; benchmarks/SERVING.md)."""
+    import gc
+
+    data = dataset(shard, tmp_path)
+    sampler = [list(range(start, start + 16)) for start in range(0, 16 * 40, 16)]
+    expected = [data.get_batch(indices) for indices in sampler]  # the main process serves first
+    shared._RECENT.clear()  # filled only when a block received from a worker is released
+    for number, batch in enumerate(DataLoader(data, batch_sampler=sampler, num_workers=2)):
+        for key in expected[number]:
+            assert torch.equal(batch[key], expected[number][key]), (number, key)
+    del batch
+    gc.collect()
+    assert shared._RECENT, "the workers' batches did not come as shared blocks"

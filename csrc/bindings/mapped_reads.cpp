@@ -31,19 +31,67 @@ void check_range(const Py_buffer& view, int64_t begin, int64_t end) {
   }
 }
 
-// Touch the last byte of mapping[begin:end) and the page after it.
-void probe_mapped(const py::handle& mapping, int64_t begin, int64_t end) {
-  HeldView held(mapping, PyBUF_C_CONTIGUOUS);
-  check_range(held.view, begin, end);
+// Fault now, not in the caller's read, if the file shrank below the end of mapping[begin:end):
+// one touch. The page after the one holding the last byte faults for every cut before it (a
+// cut below the last byte's page, or inside it), so when that page lies in the mapping it is
+// the only one touched; otherwise (the last byte is in the mapping's last page) the last byte
+// is, and a cut inside that page reads zeros undetected, as for probe_next_page.
+void probe_range(const Py_buffer& view, int64_t begin, int64_t end) {
+  check_range(view, begin, end);
   if (begin == end) return;
-  const auto* base = static_cast<const unsigned char*>(held.view.buf);
+  const auto* base = static_cast<const unsigned char*>(view.buf);
   const unsigned char* last = base + end - 1;
-  const unsigned char* stop = base + held.view.len;
-  tokenmill::guard_mapped_reads([&] {
-    (void)*reinterpret_cast<const volatile unsigned char*>(last);
-    tokenmill::probe_next_page(last, stop);
-  });
+  const auto stop = reinterpret_cast<uintptr_t>(base + view.len);
+  const uintptr_t page = tokenmill::fault_guard_detail::page_size();
+  const uintptr_t next = (reinterpret_cast<uintptr_t>(last) & ~(page - 1)) + page;
+  const auto* touched = next < stop ? reinterpret_cast<const unsigned char*>(next) : last;
+  tokenmill::guard_mapped_reads(
+      [&] { (void)*reinterpret_cast<const volatile unsigned char*>(touched); });
 }
+
+PyObject* mapped_read_fault = nullptr;  // the MappedReadFault type (the module holds it)
+
+// probe_mapped(mapping, begin, end, /) as a METH_FASTCALL function rather than through
+// pybind11's dispatch: it runs once per `IndexedDataset[i]`, where pybind11's argument
+// conversion cost about as much as the probe, and one touch rather than two (the last byte
+// and the next page) halves the TLB and cache misses of random reads in a large file. Both
+// keep `dataset[i]` ahead of megatron-core's, whose view is never touched
+// (benchmarks/bench_indexed.py).
+PyObject* probe_mapped(PyObject* /*module*/, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 3) {
+    PyErr_Format(PyExc_TypeError, "probe_mapped() takes 3 positional arguments (%zd given)",
+                 nargs);
+    return nullptr;
+  }
+  const long long begin = PyLong_AsLongLong(args[1]);
+  if (begin == -1 && PyErr_Occurred() != nullptr) return nullptr;
+  const long long end = PyLong_AsLongLong(args[2]);
+  if (end == -1 && PyErr_Occurred() != nullptr) return nullptr;
+  Py_buffer view{};
+  if (PyObject_GetBuffer(args[0], &view, PyBUF_C_CONTIGUOUS) != 0) return nullptr;
+  try {
+    probe_range(view, begin, end);
+  } catch (const tokenmill::MappedReadFault& fault) {
+    PyBuffer_Release(&view);
+    PyErr_SetString(mapped_read_fault, fault.what());
+    return nullptr;
+  } catch (const py::index_error& error) {
+    PyBuffer_Release(&view);
+    PyErr_SetString(PyExc_IndexError, error.what());
+    return nullptr;
+  }
+  PyBuffer_Release(&view);
+  Py_RETURN_NONE;
+}
+
+PyMethodDef probe_mapped_definition = {
+    "probe_mapped",
+    reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&probe_mapped)),
+    METH_FASTCALL,
+    "probe_mapped(mapping, begin, end, /)\n--\n\n"
+    "Touch the page after the last byte of mapping[begin:end] (the last byte itself when that "
+    "page is past the mapping): MappedReadFault if the mapped file shrank below them.",
+};
 
 // destination[:] = mapping[begin:begin + len(destination)], then the page after is probed.
 void copy_mapped(const py::handle& destination, const py::handle& mapping, int64_t begin) {
@@ -136,10 +184,12 @@ class MappedFile {
 }  // namespace
 
 void register_mapped_reads(py::module_& m) {
-  py::register_exception<tokenmill::MappedReadFault>(m, "MappedReadFault", PyExc_OSError);
-  m.def("probe_mapped", &probe_mapped, "mapping"_a, "begin"_a, "end"_a,
-        "Touch the last byte of mapping[begin:end] and the next page: MappedReadFault if the "
-        "mapped file shrank below them.");
+  mapped_read_fault =
+      py::register_exception<tokenmill::MappedReadFault>(m, "MappedReadFault", PyExc_OSError)
+          .ptr();
+  PyObject* probe = PyCFunction_NewEx(&probe_mapped_definition, nullptr, m.attr("__name__").ptr());
+  if (probe == nullptr) throw py::error_already_set();
+  m.add_object("probe_mapped", py::reinterpret_steal<py::object>(probe));
   m.def("copy_mapped", &copy_mapped, "destination"_a, "mapping"_a, "begin"_a,
         "Copy len(destination) bytes of mapping from byte `begin`, MappedReadFault (not SIGBUS) "
         "if the mapped file shrank underneath.");

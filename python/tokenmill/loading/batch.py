@@ -48,7 +48,7 @@ def make_data_loader(
     with `worker_type="thread"` it is a :class:`~tokenmill.loading.threaded.ThreadedBatchLoader`
     whose workers are threads. Threads are the faster choice for GPTDataset and BlendedDataset,
     whose batch gather runs in C++ with the GIL released: no per-batch hand-over between
-    processes (measured 12-25x megatron-core's 2-worker DataLoader against 1.0-2.1x for worker
+    processes (measured 22-61x megatron-core's 2-worker DataLoader against 3.8-7.0x for worker
     processes, benchmarks/SERVING.md and benchmarks/results/serving.json). Keep processes for
     datasets that hold the GIL.
 

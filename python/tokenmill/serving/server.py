@@ -20,6 +20,7 @@ state) and is thread-safe: loader threads may serve batches from one server at o
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -39,6 +40,21 @@ __all__ = ["BatchServer", "Servable"]
 # A batch whose outputs reach this size is gathered by _GATHER_THREADS threads.
 _PARALLEL_GATHER_BYTES = threads.PARALLEL_GATHER_BYTES
 _GATHER_THREADS = threads.default_gather_threads()
+
+# Bumped in every forked child. A server made in a process is inherited by the DataLoader workers
+# it forks; what it found out about its process (not a worker) and the buffers it owns must not
+# carry over, or a dataset served once in the main process before its loader starts would serve
+# its workers' batches from private buffers (torch then copies each tensor into a segment of its
+# own and sends each one's descriptor: 0.5x the workers' shared-block rate, benchmarks/SERVING.md).
+_FORK_GENERATION = 0
+
+
+def _forked() -> None:
+    global _FORK_GENERATION
+    _FORK_GENERATION += 1
+
+
+os.register_at_fork(after_in_child=_forked)
 
 
 @runtime_checkable
@@ -84,9 +100,16 @@ class BatchServer:
         self.pool = BufferPool()
         self.shared: SharedBlockPool | None = None
         self.worker: bool | None = None
+        self.generation = _FORK_GENERATION
 
     def in_worker(self) -> bool:
-        """Whether this process is a torch DataLoader worker."""
+        """Whether this process is a torch DataLoader worker (found out once per process: a
+        forked child, a worker among them, starts afresh with buffers of its own)."""
+        if self.generation != _FORK_GENERATION:
+            self.generation = _FORK_GENERATION
+            self.worker = None
+            self.pool = BufferPool()
+            self.shared = None  # the parent's blocks: never written from here
         worker = self.worker
         if worker is None:
             from torch.utils.data import get_worker_info
