@@ -53,8 +53,12 @@ from conftest import write_megatron_shard
 from tokenmill.errors import DataFormatError
 
 root, reader, cut = sys.argv[1], sys.argv[2], int(sys.argv[3])
+target = sys.argv[4] if len(sys.argv) > 4 else "bin"
 rng = np.random.default_rng(0)
-prefix = write_megatron_shard(root + "/s", [rng.integers(1, 1000, 3000) for _ in range(20)])
+if target == "bin":
+    prefix = write_megatron_shard(root + "/s", [rng.integers(1, 1000, 3000) for _ in range(20)])
+else:  # 15,000 sequences: a 300,042-byte .idx (mapped, not read whole; lengths end at 60,034)
+    prefix = write_megatron_shard(root + "/s", [rng.integers(1, 1000, 4) for _ in range(15000)])
 bin_path = prefix + ".bin"  # 120,000 bytes: 30 pages
 
 
@@ -79,6 +83,20 @@ if reader == "indexed":
     dataset = IndexedDataset(prefix)
     first = dataset[0].copy()
     read = lambda: [int(dataset[i].sum()) for i in range(len(dataset))]
+elif reader == "indexed slices":
+    from tokenmill import IndexedDataset
+    dataset = IndexedDataset(prefix)
+    first = dataset[0:1]
+    read = lambda: [len(dataset[i : i + 10]) for i in range(0, len(dataset), 10)]
+elif reader == "megatron get":  # the class patch_megatron() installs, at megatron's path
+    from tokenmill.megatron.indexed_dataset import IndexedDataset
+    dataset = IndexedDataset(prefix)
+    first = dataset.get(0, 1)
+    read = lambda: [int(dataset.get(i, 1).sum()) for i in range(len(dataset))]
+elif reader == "megatron mmap reader":
+    from tokenmill.megatron.indexed_dataset import _MMapBinReader
+    bin_reader = _MMapBinReader(bin_path)
+    read = lambda: [int(bin_reader.read(np.uint16, 1000, 2000 * i).sum()) for i in range(60)]
 elif reader in ("gpt one", "gpt batch"):
     dataset = gpt()
     first = dataset[0]
@@ -104,7 +122,7 @@ elif reader == "nanogpt":
     iterator = iter(dataset)
     first = next(iterator)
     read = lambda: [int(window["input_ids"].sum()) for window in iterator]
-os.truncate(bin_path, cut)
+os.truncate(prefix + ".idx" if target == "idx" else bin_path, cut)
 try:
     read()
     report = {"raised": None}
@@ -114,7 +132,18 @@ except DataFormatError as error:
 
 
 @pytest.mark.parametrize(
-    "reader", ["indexed", "gpt one", "gpt batch", "packed one", "packed batch", "nanogpt"]
+    "reader",
+    [
+        "indexed",
+        "indexed slices",
+        "megatron get",
+        "megatron mmap reader",
+        "gpt one",
+        "gpt batch",
+        "packed one",
+        "packed batch",
+        "nanogpt",
+    ],
 )
 @pytest.mark.parametrize("cut", [40000, 60001], ids=["page-aligned", "partial-page"])
 def test_a_file_truncated_while_mapped_raises_naming_it(
@@ -126,6 +155,29 @@ def test_a_file_truncated_while_mapped_raises_naming_it(
     raised = report["raised"]
     assert isinstance(raised, str), report
     assert ".bin: data file is now" in raised and "truncated or rewritten in place" in raised
+
+
+@pytest.mark.parametrize("reader", ["indexed", "indexed slices", "megatron get"])
+@pytest.mark.parametrize("cut", [40000, 60001], ids=["page-aligned", "partial-page"])
+def test_an_index_truncated_while_mapped_raises_naming_it(
+    tmp_path: Path, reader: str, cut: int
+) -> None:
+    """A mapped .idx (above the 64 KiB read-whole size) cut under an IndexedDataset: its
+    lengths and pointers are read under the guard, so the error names the .idx."""
+    report = run_child(_TRUNCATE, str(tmp_path), reader, str(cut), "idx")
+    raised = report["raised"]
+    assert isinstance(raised, str), report
+    assert "s.idx: data file is now" in raised and "truncated or rewritten in place" in raised
+
+
+@pytest.mark.parametrize("reader", ["indexed", "megatron get"])
+def test_a_bin_truncated_beside_a_mapped_index_is_named(tmp_path: Path, reader: str) -> None:
+    """ds[i] reads a mapped .idx's entry and probes the .bin's end in one guarded call: a
+    fault there names the .bin when it is the file that shrank."""
+    report = run_child(_TRUNCATE, str(tmp_path), reader, "40000", "bin beside a mapped idx")
+    raised = report["raised"]
+    assert isinstance(raised, str), report
+    assert "s.bin: data file is now 40000 bytes" in raised, raised
 
 
 # -- strict configs and records ------------------------------------------------------------------
@@ -333,6 +385,7 @@ class _HostileServer:
         import http.server
         import posixpath
         import threading
+        import time
         import urllib.parse
 
         self.root = root
@@ -346,6 +399,17 @@ class _HostileServer:
                 path = posixpath.normpath(
                     urllib.parse.unquote(urllib.parse.urlsplit(self.path).path)
                 )
+                if path in ("/pub/trickle.bin", "/pub/trickle.json"):
+                    self.send_response(200)
+                    self.end_headers()
+                    try:  # a byte every 50 ms, never the end (60 s at most: the test's guard)
+                        for _ in range(1200):
+                            self.wfile.write(b"t")
+                            self.wfile.flush()
+                            time.sleep(0.05)
+                    except (BrokenPipeError, ConnectionResetError):
+                        pass
+                    return
                 if path in ("/pub/endless.bin", "/pub/endless.json"):
                     self.send_response(200)
                     self.end_headers()
@@ -436,6 +500,32 @@ def test_a_body_longer_than_the_manifest_says_is_cut_off(
     ):
         download(f"{base}/manifest.json", str(destination), policy=_fast_policy())
     assert all(p.stat().st_size <= 100 for p in destination.rglob("*") if p.is_file())
+
+
+@pytest.mark.parametrize("what", ["shard list", "declared size", "manifest"])
+def test_a_body_that_trickles_forever_fails_at_the_total_deadline(
+    tmp_path: Path, hostile_server: _HostileServer, what: str
+) -> None:
+    """A server that sends a byte every 50 ms and never ends the body: every read succeeds
+    within the per-read timeout, so only the total deadline stops it (2 s here)."""
+    from tokenmill.storage.download import download
+    from tokenmill.storage.manifest import parse_shard_list
+    from tokenmill.storage.transfer import DeadlinePassed, TransferPolicy
+
+    policy = TransferPolicy(max_attempts=3, timeout=10.0, deadline=2.0)
+    base = f"{hostile_server.url}/pub"
+    source: object
+    if what == "shard list":  # no size to stop at
+        source = parse_shard_list([f"{base}/trickle.bin"], "test")
+    elif what == "declared size":  # 1,000 bytes declared: more than 2 s of trickle brings
+        (hostile_server.root / "pub" / "manifest.json").write_text(
+            _manifest_json([_object("trickle.bin", b"t" * 1000)])
+        )
+        source = f"{base}/manifest.json"
+    else:  # the manifest itself trickles
+        source = f"{base}/trickle.json"
+    with pytest.raises(DeadlinePassed, match=r"trickle\.(bin|json): not complete after \d+ s"):
+        download(source, str(tmp_path / "destination"), policy=policy)  # type: ignore[arg-type]
 
 
 def test_a_hard_linked_partial_file_never_overwrites_its_other_name(tmp_path: Path) -> None:
@@ -723,6 +813,62 @@ except MemoryError as error:
     assert float(str(report["peak_rss_mib"])) < RSS_BUDGET_MIB, report
 
 
+def test_a_sparse_npy_document_corpus_is_refused_before_allocating_its_table(
+    tmp_path: Path,
+) -> None:
+    """A directory of .npy token files, one of them a sparse 8 GiB file of zeros, read as
+    documents ending at EOS 0: one document per token, 4 Gi of them. The boundary scan checks
+    the table it implies against the memory budget as it goes and refuses it after one step.
+    The child's data limit (2 GiB; the file's map is not counted) turns the old unbounded
+    allocation into an error instead of a machine swapping."""
+    report = run_child(
+        """
+import os, resource
+os.environ["TOKENMILL_MEMORY_BUDGET"] = str(1 << 30)
+resource.setrlimit(resource.RLIMIT_DATA, (2 << 30, 2 << 30))
+import numpy as np
+from tokenmill.formats.documents import DocumentCorpus
+
+root = sys.argv[1] + "/corpus"
+os.mkdir(root)
+np.save(root + "/a.npy", np.array([5, 6, 0, 7, 0], dtype=np.uint16))
+count = 4 << 30
+with open(root + "/b.npy", "wb") as stream:
+    header = {"descr": "<u2", "fortran_order": False, "shape": (count,)}
+    np.lib.format.write_array_header_1_0(stream, header)
+    stream.truncate(stream.tell() + 2 * count)  # sparse: no block written
+try:
+    DocumentCorpus(root, eos_token=0)
+    report = {"raised": None}
+except MemoryError as error:
+    report = {"raised": str(error)}
+""",
+        str(tmp_path),
+        timeout=120,
+    )
+    raised = str(report["raised"])
+    assert "b.npy: the document table of at least" in raised, report
+    assert "EOS token 0" in raised and "4,294,967,296 tokens" in raised, report
+    assert float(str(report["peak_rss_mib"])) < RSS_BUDGET_MIB, report
+
+
+@pytest.mark.parametrize(("bos", "eos"), [(None, 0), (0, None)])
+def test_a_boundary_scan_in_steps_finds_what_one_scan_finds(
+    monkeypatch: pytest.MonkeyPatch, bos: int | None, eos: int | None
+) -> None:
+    import numpy as np
+
+    from tokenmill.formats import sources
+
+    tokens = np.random.default_rng(3).integers(0, 4, 1000).astype(np.uint16)
+    shard = sources.Shard("s", "s.npy", tokens)
+    whole = sources.document_lengths(shard, bos, eos)
+    monkeypatch.setattr(sources, "SCAN_STEP_TOKENS", 7)
+    stepped = sources.document_lengths(shard, bos, eos)
+    assert whole[0] is not None and stepped[0] is not None
+    assert whole[0].tolist() == stepped[0].tolist() and whole[1] == stepped[1]
+
+
 def test_a_manifest_that_never_ends_is_refused_at_its_limit(
     tmp_path: Path, hostile_server: _HostileServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -749,3 +895,47 @@ def test_cli_errors_echo_a_huge_value_in_one_bounded_line(tmp_path: Path) -> Non
     )  # fmt: skip
     assert result.returncode == 2
     assert result.stderr.count("\n") == 1 and len(result.stderr) < 2100, len(result.stderr)
+
+
+# -- clean exits ---------------------------------------------------------------------------------
+
+_EXIT_RACE = """
+import sys, time
+import concurrent.futures.process as process
+
+
+def wakeup(self):  # CPython 3.11's own, with the gap between its check and its write widened
+    if not self._closed:
+        if process._global_shutdown:  # only in the interpreter-exit hook
+            time.sleep(0.2)
+        self._writer.send_bytes(b"")
+
+
+process._ThreadWakeup.wakeup = wakeup
+from tokenmill.cli.main import main
+
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_a_failing_tokenize_prints_its_one_line_and_nothing_at_exit(tmp_path: Path) -> None:
+    """A worker's error ends tokenize with one line, and nothing follows at interpreter exit.
+    The pool's manager thread used to outlive the error, and CPython's exit hook raced it for
+    the pool's wake-up pipe: now and then "Exception ignored ... Bad file descriptor". The
+    child widens that race (the hook's write sleeps), so a still-running thread loses it on
+    every run; the runs repeat for any other order of exit."""
+    good = tmp_path / "good.jsonl"
+    good.write_text(
+        "".join(json.dumps({"text": f"document {i} " * 20}) + "\n" for i in range(3000))
+    )
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": "ok"}\n{"text": "lone \\udc80 surrogate"}\n')
+    for run in range(20):
+        result = subprocess.run(
+            [sys.executable, "-c", _EXIT_RACE, "tokenize", str(good), str(bad), "--output",
+             str(tmp_path / f"out{run}"), "--threads", "2", "--quiet"],
+            capture_output=True, text=True, timeout=120, check=False,
+        )  # fmt: skip
+        assert result.returncode == 1, result.stderr
+        assert result.stderr.count("\n") == 1, f"run {run}: {result.stderr}"
+        assert result.stderr.startswith("tokenmill: error: ") and "lone surrogate" in result.stderr

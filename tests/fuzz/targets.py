@@ -112,6 +112,7 @@ TARGETS: dict[str, tuple[str, ...]] = {
         "python/tokenmill/datasets/blended.py",
         "python/tokenmill/datasets/gpt.py",
         "python/tokenmill/formats/megatron.py",
+        "python/tokenmill/formats/megatron_index.py",
         "python/tokenmill/formats/npy.py",
         "python/tokenmill/formats/validate.py",
         "python/tokenmill/index/cache.py",

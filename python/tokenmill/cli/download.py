@@ -50,6 +50,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--part-size-mib", type=int, default=8, help="S3 ranged-read size in MiB (8)"
     )
     parser.add_argument(
+        "--deadline",
+        type=float,
+        default=600.0,
+        metavar="SECONDS",
+        help="total time an HTTP object may take over all its attempts, plus 1 s per MiB of "
+        "its declared size; 0: no limit (600)",
+    )
+    parser.add_argument(
         "--quiet", "-q", action="store_true", help="no progress bar, per-object or summary lines"
     )
     parser.set_defaults(handler=run)
@@ -73,7 +81,10 @@ def run(args: argparse.Namespace) -> int:
                 raise ValueError("expected SOURCE LOCAL_DIR")
             source, local_dir = args.arguments
         policy = TransferPolicy(
-            workers=args.workers, max_attempts=args.retries, part_bytes=args.part_size_mib << 20
+            workers=args.workers,
+            max_attempts=args.retries,
+            part_bytes=args.part_size_mib << 20,
+            deadline=args.deadline or None,
         )
         # in a log: one '[download] N fetched|present KEY' line per object; on a terminal: a bar
         display = Progress("download", unit="object", enabled=not args.quiet, log_interval=math.inf)

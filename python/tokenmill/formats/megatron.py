@@ -292,6 +292,8 @@ class IndexedDataset:
         self._bin_descriptor = -1
         self._scan_pending = False  # see deferred_index_scans
         self._token_view: npt.NDArray[Any] | None = None
+        self._bin_file: _core.MappedFile | None = None  # the mapped .bin, for guarded probes
+        self._entry_probing_bin: Callable[[int], tuple[int, int]] | None = None
         self._map_on_first_read = False
         self.bin_reader: Any = None
         if path_prefix.startswith(OBJECT_STORAGE_SCHEMES):
@@ -355,6 +357,9 @@ class IndexedDataset:
             os.close(descriptor)
         # two threads may both map on a first read: the map that loses is freed with its array
         self._token_view = numpy.frombuffer(mapping, dtype=self.dtype, count=size // self._itemsize)
+        self._bin_file = _core.MappedFile(mapping)
+        # ds[i]: the .idx entry read and the .bin probe in one guarded call
+        self._entry_probing_bin = self.index.entry_probing(self._bin_file)
         self._map_on_first_read = False
 
     def _open_object_storage(self) -> None:
@@ -451,7 +456,46 @@ class IndexedDataset:
             )
         return index
 
-    def _read(self, byte_offset: int, count: int, sequence: int) -> npt.NDArray[Any]:
+    def _entry(self, sequence: int) -> tuple[int, int]:
+        """(byte pointer, length) of `sequence`; read under the SIGBUS guard when the `.idx` is
+        mapped, so an index cut underneath the reader raises naming it instead of killing the
+        process."""
+        try:
+            return self.index.entry(sequence)
+        except _core.MappedReadFault as fault:
+            raise self._index_shrunk(fault) from None
+
+    def _index_shrunk(self, fault: BaseException) -> DataFormatError:
+        """The error for a fault of a guarded read of the `.idx` (and, on the fast path, the
+        `.bin`): names whichever of them is now shorter than when mapped."""
+        index = self.index
+        bin_path = get_bin_path(self.path_prefix)
+        if self._entry_probing_bin is not None:
+            with contextlib.suppress(OSError):
+                if os.stat(bin_path).st_size < self._bin_size:
+                    return shrunk_file_error(bin_path, self._bin_size, fault)
+        return shrunk_file_error(index.idx_path, len(index._mapping), fault)
+
+    def _mapped_lengths(self, start: int, stop: int) -> npt.NDArray[numpy.int32]:
+        """``sequence_lengths[start:stop]``, copied out under the SIGBUS guard when the `.idx`
+        is mapped."""
+        index = self.index
+        lengths = index.sequence_lengths[start:stop]
+        if not index.mapped or start == stop:
+            return lengths
+        copied = numpy.empty(stop - start, dtype=lengths.dtype)
+        try:
+            _core.copy_mapped(copied, index.sequence_lengths, start * lengths.dtype.itemsize)
+        except _core.MappedReadFault as fault:
+            raise shrunk_file_error(index.idx_path, len(index._mapping), fault) from None
+        return copied
+
+    def _read(
+        self, byte_offset: int, count: int, sequence: int, probe: bool = True
+    ) -> npt.NDArray[Any]:
+        """`count` tokens from `byte_offset`: a view of the mapped `.bin` (its end probed under
+        the guard unless `probe` is False: the caller's guarded entry read probed it) or a new
+        array (preads, ranged reads)."""
         end = byte_offset + count * self._itemsize
         if byte_offset < 0 or count < 0 or end > self._bin_size or byte_offset % self._itemsize:
             raise DataFormatError(
@@ -463,11 +507,11 @@ class IndexedDataset:
             self._map_bin()
         tokens_view = self._token_view
         if tokens_view is not None:
-            if count:
-                # a view is read by the caller, where a SIGBUS cannot be caught: touch the page
-                # after its last byte first (a file shrunk below it raises here instead)
+            if count and probe and self._bin_file is not None:
+                # a view is read by the caller, where a SIGBUS cannot be caught: probe the
+                # mapping's end first (a file shrunk below its last page raises here instead)
                 try:
-                    _core.probe_mapped(tokens_view, byte_offset, end)
+                    self._bin_file.probe()
                 except _core.MappedReadFault as fault:
                     raise shrunk_file_error(
                         get_bin_path(self.path_prefix), self._bin_size, fault
@@ -512,13 +556,18 @@ class IndexedDataset:
             if not 0 <= sequence < self._sequence_count:
                 self._resolve(idx)  # raises the IndexError that names the index
             index = self.index
-            pointer = int(index.sequence_pointers[sequence])
-            length = int(index.sequence_lengths[sequence])
+            fast = self._entry_probing_bin  # the .idx entry and the .bin probe in one call
+            try:
+                pointer, length = index.entry(sequence) if fast is None else fast(sequence)
+            except _core.MappedReadFault as fault:
+                raise self._index_shrunk(fault) from None
             view = self._token_view
             itemsize = self._itemsize
             end = pointer + length * itemsize
+            bin_file = self._bin_file
             if (
                 view is not None
+                and bin_file is not None
                 and index.sequence_modes is None
                 and pointer >= 0
                 and length > 0
@@ -526,16 +575,18 @@ class IndexedDataset:
                 and not pointer % itemsize
             ):
                 # the common case, `_read`'s mapped path inline: a Python call less per sample
-                # (benchmarks/bench_indexed.py: `dataset[i]` below megatron-core's without it)
-                try:
-                    _core.probe_mapped(view, pointer, end)
-                except _core.MappedReadFault as fault:
-                    raise shrunk_file_error(
-                        get_bin_path(self.path_prefix), self._bin_size, fault
-                    ) from None
+                # (benchmarks/bench_indexed.py: `dataset[i]` below megatron-core's without it);
+                # the guarded entry read probed the .bin already when the .idx is mapped
+                if fast is None:
+                    try:
+                        bin_file.probe()
+                    except _core.MappedReadFault as fault:
+                        raise shrunk_file_error(
+                            get_bin_path(self.path_prefix), self._bin_size, fault
+                        ) from None
                 start = pointer // itemsize
                 return view[start : start + length]
-            tokens = self._read(pointer, length, sequence)
+            tokens = self._read(pointer, length, sequence, fast is None)
             if index.sequence_modes is not None:
                 return tokens, index.sequence_modes[sequence]
             return tokens
@@ -546,7 +597,7 @@ class IndexedDataset:
                     f"slices into an IndexedDataset must be contiguous (step 1), got step {step}"
                 )
             stop = max(start, stop)
-            lengths = self.index.sequence_lengths[start:stop]
+            lengths = self._mapped_lengths(start, stop)
             modes = (
                 self.index.sequence_modes[start:stop]
                 if self.index.sequence_modes is not None
@@ -559,12 +610,10 @@ class IndexedDataset:
                     bad = start + int(numpy.argmax(lengths < 0))
                     raise DataFormatError(
                         f"{get_idx_path(self.path_prefix)}: sequence {bad} has length "
-                        f"{int(self.index.sequence_lengths[bad])}; the index is corrupt"
+                        f"{int(lengths[bad - start])}; the index is corrupt"
                     )
                 bounds = numpy.cumsum(lengths, dtype=numpy.int64)
-                tokens = self._read(
-                    int(self.index.sequence_pointers[start]), int(bounds[-1]), start
-                )
+                tokens = self._read(self._entry(start)[0], int(bounds[-1]), start)
                 sequences = numpy.split(tokens, bounds[:-1])
             return (sequences, modes) if modes is not None else sequences
         raise TypeError(f"IndexedDataset indices must be integers or slices, not {type(idx)}")
@@ -586,7 +635,11 @@ class IndexedDataset:
         """
         sequence = self._resolve(idx)
         index = self.index
-        sequence_length = int(index.sequence_lengths[sequence])
+        fast = self._entry_probing_bin  # the .idx entry and the .bin probe in one guarded call
+        try:
+            pointer, sequence_length = index.entry(sequence) if fast is None else fast(sequence)
+        except _core.MappedReadFault as fault:
+            raise self._index_shrunk(fault) from None
         offset = int(offset)
         if length is None:
             length = sequence_length - offset
@@ -596,9 +649,7 @@ class IndexedDataset:
                 f"{self.path_prefix}: tokens [{offset}, {offset + length}) are outside sequence "
                 f"{sequence} of length {sequence_length}"
             )
-        tokens = self._read(
-            int(index.sequence_pointers[sequence]) + offset * self._itemsize, length, sequence
-        )
+        tokens = self._read(pointer + offset * self._itemsize, length, sequence, fast is None)
         if index.sequence_modes is not None:
             return tokens, index.sequence_modes[sequence]
         return tokens

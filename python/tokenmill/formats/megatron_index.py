@@ -13,13 +13,16 @@ from __future__ import annotations
 
 import enum
 import errno
+import functools
 import logging
 import os
 import struct
+from collections.abc import Callable
 
 import numpy
 import numpy.typing as npt
 
+from tokenmill import _core
 from tokenmill.common.mapping import READ_BELOW, read_or_map, resource_error
 from tokenmill.common.megatron_log import elapsed, log, megatron_logger
 from tokenmill.common.whole_read import NotARegularFile, read_whole
@@ -252,6 +255,15 @@ class _IndexReader:
 
         sequence_count, document_count = self.sequence_count, self.document_count
         offset = HEADER_SIZE
+        # entry(sequence): a mapped index's pointer and length are read under the SIGBUS
+        # guard, by one C++ call (a partial, not a method: no Python frame on the hot path)
+        self._entry_layout = (offset, offset + 4 * sequence_count, sequence_count)
+        self._mapped_file = _core.MappedFile(self._mapping) if self.mapped else None
+        self.entry: Callable[[int], tuple[int, int]] = (
+            functools.partial(self._mapped_file.entry, *self._entry_layout)
+            if self._mapped_file is not None
+            else self._unmapped_entry
+        )
         # megatron-core's lines, levels and timings (tokenmill.common.megatron_log)
         log(_MEGATRON_LOG, logging.INFO, "\tExtract the sequence lengths")
         with elapsed(_MEGATRON_LOG):
@@ -387,6 +399,25 @@ class _IndexReader:
             bin_size,
             bin_path,
         )
+
+    @property
+    def mapped(self) -> bool:
+        """Whether the arrays are views of a shared map of the file (an index above READ_BELOW
+        bytes), which a SIGBUS reaches if the file shrinks (a smaller one was read whole)."""
+        return not isinstance(self._mapping.obj, (bytes, bytearray))
+
+    def entry_probing(self, data: _core.MappedFile) -> Callable[[int], tuple[int, int]] | None:
+        """`entry` that also probes the end of `data` (the mapped ``.bin``) in the same guarded
+        call; None for an index read whole (nothing of it to guard)."""
+        if self._mapped_file is None:
+            return None
+        return functools.partial(self._mapped_file.entry_probing, data, *self._entry_layout)
+
+    def _unmapped_entry(self, sequence: int) -> tuple[int, int]:
+        """`entry` of an index read whole: (byte pointer, length) of `sequence`. A mapped
+        index's `entry` reads them under the SIGBUS guard, with the mapping's end probed, and
+        raises tokenmill._core.MappedReadFault if the file shrank underneath."""
+        return int(self.sequence_pointers[sequence]), int(self.sequence_lengths[sequence])
 
     def expected_bin_size(self) -> int:
         """The ``.bin`` size implied by the last pointer and length (0 when there are no

@@ -216,22 +216,63 @@ def document_lengths(
     document ends after each EOS, a tail without one is a document), then the shard's
     ``.bos.idx``.
     """
-    from tokenmill.formats.token_scan import find_token_positions
-
     count = int(shard.tokens.shape[0])
     if shard.document_lengths is not None:
         return shard.document_lengths, "index"
     if eos_token is not None and bos_token is None:
-        ends = find_token_positions(shard.tokens, eos_token) + 1
+        ends = _boundary_positions(shard, eos_token, "EOS") + 1
         if count and (ends.shape[0] == 0 or ends[-1] != count):
             ends = np.append(ends, count)
         return np.diff(np.concatenate([[0], ends])).astype(np.int64), "eos"
     if bos_token is not None or shard.bos_positions is not None:
         positions: npt.NDArray[Any] | None = shard.bos_positions
         if bos_token is not None:
-            positions = find_token_positions(shard.tokens, bos_token)
+            positions = _boundary_positions(shard, bos_token, "BOS")
         starts = np.asarray(positions, dtype=np.int64)
         if count and (starts.shape[0] == 0 or starts[0] != 0):
             starts = np.concatenate([[0], starts])
         return np.diff(np.append(starts, count)).astype(np.int64), "bos"
     return None, None
+
+
+# Tokens scanned per step of a boundary scan: the positions found so far are checked against the
+# memory available between steps, so a shard of mostly boundary tokens (a sparse file of zeros,
+# with EOS 0) is refused after one step instead of allocating 8 bytes per token.
+SCAN_STEP_TOKENS = 1 << 24
+
+# Bytes a document costs from its position to the finished table: the positions and their
+# concatenation (int64), the lengths (int64, then int32) and DocumentCorpus's shard and start
+# columns (int32, int64).
+DOCUMENT_TABLE_BYTES = 40
+
+
+def _boundary_positions(shard: Shard, token: int, name: str) -> npt.NDArray[np.int64]:
+    """Where `token` occurs in the shard's tokens (ascending), scanned in steps of
+    SCAN_STEP_TOKENS with the document table they imply checked against the available memory
+    before the next step.
+
+    Raises:
+        MemoryError: the documents found so far would not fit (names the shard and the token).
+    """
+    from tokenmill.common.budget import check_allocation
+    from tokenmill.formats.token_scan import find_token_positions
+
+    tokens = shard.tokens
+    count = int(tokens.shape[0])
+    if count <= SCAN_STEP_TOKENS:
+        return find_token_positions(tokens, token)
+    found: list[npt.NDArray[np.int64]] = []
+    total = 0
+    for start in range(0, count, SCAN_STEP_TOKENS):
+        positions = find_token_positions(tokens[start : start + SCAN_STEP_TOKENS], token)
+        if start:
+            positions += start
+        found.append(positions)
+        total += int(positions.shape[0])
+        check_allocation(
+            total * DOCUMENT_TABLE_BYTES,
+            f"{shard.path}: the document table of at least {total:,} documents ({name} token "
+            f"{token} at {total:,} of the first {min(count, start + SCAN_STEP_TOKENS):,} of its "
+            f"{count:,} tokens)",
+        )
+    return np.concatenate(found) if found else np.zeros(0, np.int64)

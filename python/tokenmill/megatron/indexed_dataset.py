@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy
 
+from tokenmill import _core
 from tokenmill.common.atomic import AtomicFile
 from tokenmill.common.mapping import map_readonly, open_readonly
 from tokenmill.formats.megatron import (
@@ -35,6 +36,7 @@ from tokenmill.formats.megatron import (
     IndexedDatasetBuilder,
     get_bin_path,
     get_idx_path,
+    shrunk_file_error,
 )
 from tokenmill.formats.megatron_index import (
     INDEX_COUNTS,
@@ -167,13 +169,26 @@ class _MMapBinReader(_BinReader):
             mapping = map_readonly(descriptor, size, bin_path)
         finally:
             os.close(descriptor)
+        self._bin_path = bin_path
         # the bytes as megatron-core's reader holds them (a uint8 array over the map)
         self._bin_buffer_mmap = numpy.frombuffer(mapping, dtype=numpy.uint8)
         self._bin_buffer = self._bin_buffer_mmap.data
+        self._bin_file = _core.MappedFile(self._bin_buffer_mmap)  # guarded probes of its end
 
     def read(self, dtype: Any, count: int, offset: int) -> numpy.ndarray[Any, Any]:
-        """A read-only view of `count` tokens at byte `offset`."""
-        return numpy.frombuffer(self._bin_buffer, dtype=dtype, count=count, offset=offset)
+        """A read-only view of `count` tokens at byte `offset`.
+
+        Raises:
+            DataFormatError: the ``.bin`` shrank below the view since it was mapped (probed
+                under the SIGBUS guard before the view is handed out).
+        """
+        tokens = numpy.frombuffer(self._bin_buffer, dtype=dtype, count=count, offset=offset)
+        if tokens.nbytes:
+            try:
+                self._bin_file.probe()
+            except _core.MappedReadFault as fault:
+                raise shrunk_file_error(self._bin_path, len(self._bin_buffer), fault) from None
+        return tokens
 
     def __del__(self) -> None:
         buffer = getattr(self, "_bin_buffer", None)

@@ -44,6 +44,7 @@ from tokenmill.storage.manifest import (
 )
 from tokenmill.storage.transfer import (
     READ_BYTES,
+    Deadline,
     RangeNotSatisfiable,
     TransferPolicy,
     http_open,
@@ -177,7 +178,23 @@ def _fetch_http(
     url: str, partial: str, size: int | None, policy: TransferPolicy, confine: str | None = None
 ) -> int:
     """Append the missing bytes of `url` to `partial`; returns bytes received (at most `size`:
-    a longer body is stopped). `confine`: redirects may not leave this prefix."""
+    a longer body is stopped). `confine`: redirects may not leave this prefix. All attempts
+    together end at the object's deadline (`Deadline.for_object`): DeadlinePassed."""
+    deadline = Deadline.for_object(policy, url, size)
+    try:
+        return _fetch_http_within(url, partial, size, policy, confine, deadline)
+    finally:
+        deadline.close()
+
+
+def _fetch_http_within(
+    url: str,
+    partial: str,
+    size: int | None,
+    policy: TransferPolicy,
+    confine: str | None,
+    deadline: Deadline,
+) -> int:
     received = 0
     attempt = 0
     while True:
@@ -189,7 +206,7 @@ def _fetch_http(
             return received
         headers = {"Range": f"bytes={have}-"} if have else {}
         try:
-            response = http_open(url, policy, headers, confine)
+            response = http_open(url, policy, headers, confine, deadline)
         except RangeNotSatisfiable:  # the object is shorter than our partial: start over
             if not have:
                 raise ObjectStorageError(f"{url}: HTTP 416 for a request without range") from None
@@ -204,8 +221,11 @@ def _fetch_http(
                 if have and response.status != 206:  # the server ignored the range
                     stream.truncate(0)
                     have = 0
-                # read1: whatever has arrived (up to 1 MiB), so a kill loses little
-                while block := response.read1(READ_BYTES):
+                # read1: whatever has arrived (up to 1 MiB), so a kill loses little; never
+                # more than one byte past the declared size (a body that never ends)
+                while block := response.read1(
+                    READ_BYTES if size is None else max(1, min(READ_BYTES, size - have + 1))
+                ):
                     have += len(block)
                     if size is not None and have > size:  # a body that never ends
                         raise ChecksumError(
@@ -213,16 +233,21 @@ def _fetch_http(
                         )
                     stream.write(block)
                     received += len(block)
+            # the deadline cutting the connection looks like the end of the body
+            deadline.check(f" (at byte {_partial_size(partial):,})")
             if size is None or _partial_size(partial) >= size:
                 return received
             raise ConnectionError(f"the body ended at byte {_partial_size(partial)} of {size}")
         except (ConnectionError, TimeoutError, http.client.HTTPException) as error:
+            deadline.check(f" (at byte {_partial_size(partial):,}; {type(error).__name__})")
             attempt += 1
             if attempt >= policy.max_attempts:
                 raise ObjectStorageError(
                     f"{url}: body failed after {attempt} attempts: {type(error).__name__}: {error}"
                 ) from error
-            time.sleep(policy.delay(attempt - 1))
+            remaining = deadline.remaining()
+            delay = policy.delay(attempt - 1)
+            time.sleep(delay if remaining is None else max(0.0, min(delay, remaining)))
 
 
 def _fetch_s3(url: str, partial: str, size: int | None, policy: TransferPolicy) -> int:

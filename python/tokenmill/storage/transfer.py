@@ -15,11 +15,14 @@ S3 requests go through `tokenmill.storage.s3` (botocore).
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import http.client
 import os
 import random
+import socket
+import threading
 import time
 import urllib.error
 import urllib.parse
@@ -36,8 +39,11 @@ from tokenmill.storage.manifest import (
 )
 
 __all__ = [
+    "DEADLINE_SECONDS_PER_BYTE",
     "MANIFEST_NAME",
     "READ_BYTES",
+    "Deadline",
+    "DeadlinePassed",
     "RangeNotSatisfiable",
     "TransferPolicy",
     "http_open",
@@ -66,6 +72,10 @@ class TransferPolicy:
         backoff_max: cap of one sleep, in seconds.
         part_bytes: multipart part size for uploads, and the ranged-read size for S3 downloads.
         timeout: seconds without progress before an HTTP request fails (and is retried).
+        deadline: seconds an HTTP object may take in all, over all its attempts, however
+            steadily its bytes trickle in, plus one second per MiB of its declared size (a
+            1 MiB/s floor for large objects); then it fails. None: no total limit (only
+            `timeout`). A download stopped by it resumes from its partial file when rerun.
 
     Raises:
         ValueError: a value out of range (names the field).
@@ -77,6 +87,7 @@ class TransferPolicy:
     backoff_max: float = 30.0
     part_bytes: int = 8 << 20
     timeout: float = 60.0
+    deadline: float | None = 600.0
 
     def __post_init__(self) -> None:
         if self.workers < 1:
@@ -91,6 +102,8 @@ class TransferPolicy:
             raise ValueError(f"TransferPolicy.part_bytes must be >= 1, got {self.part_bytes}")
         if self.timeout <= 0:
             raise ValueError(f"TransferPolicy.timeout must be > 0, got {self.timeout}")
+        if self.deadline is not None and not self.deadline > 0:
+            raise ValueError(f"TransferPolicy.deadline must be > 0 or None, got {self.deadline}")
 
     def delay(self, attempt: int) -> float:
         return random.uniform(
@@ -176,24 +189,130 @@ class _ConfinedRedirects(urllib.request.HTTPRedirectHandler):
         return super().redirect_request(req, fp, code, msg, headers, newurl)
 
 
+class DeadlinePassed(ObjectStorageError):
+    """An HTTP object did not arrive within its total deadline (TransferPolicy.deadline)."""
+
+
+# The deadline's allowance per declared byte: one second per MiB (a 1 MiB/s floor).
+DEADLINE_SECONDS_PER_BYTE = 1.0 / (1 << 20)
+
+
+class Deadline:
+    """The moment an HTTP object's exchange is cut, whatever its per-read timeouts say: the
+    socket of every connection opened for it is shut down then (a timer thread per
+    connection), so a read blocked on a server that trickles a body, or never ends it, returns
+    at once, and :meth:`check` raises DeadlinePassed.
+
+    Args:
+        seconds: the total; None: never.
+        what: names the object in the error.
+    """
+
+    def __init__(self, seconds: float | None, what: str) -> None:
+        self.seconds = seconds
+        self.what = what
+        self._at = None if seconds is None else time.monotonic() + seconds
+        self._timers: list[threading.Timer] = []
+        self._lock = threading.Lock()
+        self.passed = False
+
+    @classmethod
+    def for_object(cls, policy: TransferPolicy, what: str, size: int | None = None) -> Deadline:
+        """The deadline of one object: ``policy.deadline`` plus one second per MiB of `size`."""
+        if policy.deadline is None:
+            return cls(None, what)
+        return cls(policy.deadline + (size or 0) * DEADLINE_SECONDS_PER_BYTE, what)
+
+    def remaining(self) -> float | None:
+        return None if self._at is None else self._at - time.monotonic()
+
+    def check(self, detail: str = "") -> None:
+        """DeadlinePassed if the deadline has passed (or cut a connection)."""
+        remaining = self.remaining()
+        if self.passed or (remaining is not None and remaining <= 0):
+            self.passed = True
+            raise DeadlinePassed(
+                f"{self.what}: not complete after {self.seconds:.0f} s, its total deadline "
+                f"(TransferPolicy.deadline, download --deadline){detail}; stopped"
+            )
+
+    def watch(self, sock: socket.socket) -> None:
+        """Shut `sock` down when the deadline passes (at once if it has)."""
+        remaining = self.remaining()
+        if remaining is None:
+            return
+        timer = threading.Timer(max(0.0, remaining), self._cut, (sock,))
+        timer.daemon = True
+        with self._lock:
+            self._timers.append(timer)
+        timer.start()
+
+    def _cut(self, sock: socket.socket) -> None:
+        self.passed = True
+        with contextlib.suppress(OSError):  # closed since: nothing to cut
+            sock.shutdown(socket.SHUT_RDWR)
+
+    def close(self) -> None:
+        """Stop the timers (the exchange is over)."""
+        with self._lock:
+            timers, self._timers = self._timers, []
+        for timer in timers:
+            timer.cancel()
+
+
+def _deadline_handlers(deadline: Deadline) -> list[Any]:
+    """urllib handlers whose connections `deadline` watches from the moment they connect."""
+
+    class Connection(http.client.HTTPConnection):
+        def connect(self) -> None:
+            super().connect()
+            deadline.watch(self.sock)
+
+    class SecureConnection(http.client.HTTPSConnection):
+        def connect(self) -> None:
+            super().connect()
+            deadline.watch(self.sock)
+
+    class Handler(urllib.request.HTTPHandler):
+        def http_open(self, req: Any) -> Any:
+            return self.do_open(Connection, req)
+
+    class SecureHandler(urllib.request.HTTPSHandler):
+        def https_open(self, req: Any) -> Any:
+            # the context HTTPSHandler was built with (urllib keeps it private)
+            return self.do_open(SecureConnection, req, context=getattr(self, "_context", None))
+
+    return [Handler(), SecureHandler()]
+
+
 def http_open(
     url: str,
     policy: TransferPolicy,
     headers: Mapping[str, str] | None = None,
     confine: str | None = None,
+    deadline: Deadline | None = None,
 ) -> Any:
     """urlopen with retries on transient failures; 404 is FileNotFoundError. With `confine`, a
-    redirect to a URL outside that prefix raises RedirectRefused (never followed)."""
+    redirect to a URL outside that prefix raises RedirectRefused (never followed). With
+    `deadline`, every connection is cut when it passes, and no attempt starts after it
+    (DeadlinePassed)."""
     attempt = 0
-    opener = (
-        urllib.request.build_opener(_ConfinedRedirects(confine)).open
-        if confine is not None
-        else urllib.request.urlopen
-    )
+    handlers: list[Any] = []
+    if confine is not None:
+        handlers.append(_ConfinedRedirects(confine))
+    if deadline is not None:
+        handlers.extend(_deadline_handlers(deadline))
+    opener = urllib.request.build_opener(*handlers).open if handlers else urllib.request.urlopen
     while True:
+        timeout = policy.timeout
+        if deadline is not None:
+            deadline.check()
+            remaining = deadline.remaining()
+            if remaining is not None:
+                timeout = max(1e-3, min(timeout, remaining))
         try:
             request = urllib.request.Request(url, headers=dict(headers or {}))
-            return opener(request, timeout=policy.timeout)
+            return opener(request, timeout=timeout)
         except urllib.error.HTTPError as error:
             error.close()  # it holds the response's socket
             if error.code == 404:
@@ -211,11 +330,15 @@ def http_open(
         ) as error:
             last = error
         attempt += 1
+        if deadline is not None:
+            deadline.check(f" ({attempt} attempts, last: {type(last).__name__}: {last})")
         if attempt >= policy.max_attempts:
             raise ObjectStorageError(
                 f"{url}: failed after {attempt} attempts: {type(last).__name__}: {last}"
             ) from last
-        time.sleep(policy.delay(attempt - 1))
+        delay = policy.delay(attempt - 1)
+        remaining = None if deadline is None else deadline.remaining()
+        time.sleep(delay if remaining is None else max(0.0, min(delay, remaining)))
 
 
 # a manifest (or shard list) longer than this is refused: a body that never ends, or millions of
@@ -246,8 +369,16 @@ def read_location(
             raise too_long
         return bytes(client.get_range(location, 0, size)) if size else b""
     if is_http_location(location):
-        with http_open(location, policy) as response:
-            data: bytes = response.read(limit + 1)
+        deadline = Deadline.for_object(policy, location)
+        try:
+            with http_open(location, policy, deadline=deadline) as response:
+                data: bytes = response.read(limit + 1)
+        except (ConnectionError, TimeoutError, http.client.HTTPException) as error:
+            deadline.check()
+            raise ObjectStorageError(f"{location}: {type(error).__name__}: {error}") from error
+        finally:
+            deadline.close()
+        deadline.check(f" (after {len(data):,} bytes)")  # a cut looks like the body's end
     else:
         with open(location, "rb") as stream:
             data = stream.read(limit + 1)

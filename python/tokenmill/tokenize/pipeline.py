@@ -661,7 +661,13 @@ def _write_parts(
         while inflight:
             consume(*inflight.popleft())
     except BaseException:
-        executor.shutdown(wait=False, cancel_futures=True)
+        # wait=True: the queued chunks are cancelled and the running ones (at most one per
+        # worker) finish, so the pool's manager thread has ended when the error reaches the
+        # caller. With wait=False it was still running at interpreter exit, where CPython
+        # 3.11's exit hook writes to the pipe that thread closes as it ends (no lock between
+        # the two): now and then "Exception ignored ... Bad file descriptor" (or "handle is
+        # closed") followed tokenize's one-line error.
+        executor.shutdown(wait=True, cancel_futures=True)
         writers.clear()  # abandoned builders delete their temporary .bin
         raise
     executor.shutdown(wait=True)
