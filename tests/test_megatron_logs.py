@@ -143,3 +143,50 @@ def test_timings_are_measured(tmp_path: Path, caplog: pytest.LogCaptureFixture) 
         if (match := re.search(r"time elapsed: (\d+\.\d+) seconds", record.getMessage()))
     ]
     assert seconds and max(seconds) > 0.0
+
+
+def test_no_line_is_formatted_when_megatron_logger_drops_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """At megatron's default level (WARNING) a cache hit formats none of its ~10 INFO/DEBUG
+    lines per dataset (a warm blend of 1,000 sources spent ~10 % of its open time on them);
+    the WARNING a build without a cache logs still reaches the logger."""
+    rng = np.random.default_rng(9)
+    prefix = write_megatron_shard(tmp_path / "data", random_documents(rng, 80, 200))
+    gpt = OURS["gpt_dataset"]
+    config = gpt.GPTDatasetConfig(
+        random_seed=7, sequence_length=48, tokenizer=TinyTokenizer(), blend=([prefix], None),
+        split="1", reset_position_ids=False, reset_attention_mask=False, eod_mask_loss=False,
+        path_to_cache=str(tmp_path / "cache"),
+    )  # fmt: skip
+    train, _, _ = (
+        OURS["blended_megatron_dataset_builder"]
+        .BlendedMegatronDatasetBuilder(gpt.GPTDataset, [300, None, None], lambda: True, config)
+        .build()
+    )
+    import tokenmill.datasets.gpt as ours_gpt
+
+    calls: list[tuple[int, str]] = []
+    monkeypatch.setattr(
+        ours_gpt, "log", lambda logger, level, message: calls.append((level, message))
+    )
+    monkeypatch.setattr(ours_gpt, "log_elapsed", lambda logger, seconds: calls.append((0, "")))
+    arrays = {
+        "document_index": train.document_index,
+        "sample_index": train.sample_index,
+        "shuffle_index": train.shuffle_index,
+    }
+    megatron = logging.getLogger("megatron.core.datasets")
+    monkeypatch.setattr(megatron, "level", megatron.level)  # restored (and its cache) after
+    megatron.setLevel(logging.WARNING)
+    train._log_indices(arrays, False, 0.0)
+    train._log_indices(arrays, True, 0.0)
+    assert calls == []
+    monkeypatch.setattr(train, "_cache", None)
+    train._log_indices(arrays, True, 0.0)
+    assert [level for level, _ in calls] == [logging.WARNING]
+    megatron.setLevel(logging.DEBUG)
+    calls.clear()
+    train._log_indices(arrays, True, 0.0)
+    assert len(calls) > 1
+    megatron.manager._clear_cache()
