@@ -57,6 +57,8 @@ def runtime_signature(function: Any) -> Signature:
         if part == "*":
             keyword_only = True
             continue
+        if part == "/":  # positional-only marker (a hand-written METH_FASTCALL function's line)
+            continue
         name, _, rest = part.partition(":")
         default_text = rest.partition(" = ")[2]
         default = ast.literal_eval(default_text) if default_text else NO_DEFAULT
@@ -122,6 +124,12 @@ def test_stub_signatures_match_the_module(module: ModuleType, stub: str) -> None
             declared.remove("__init__")  # pybind11's stand-in for "no constructor defined"
         assert set(methods) == declared, name
         for method, method_node in methods.items():
+            if any(
+                isinstance(d, ast.Name) and d.id == "property" for d in method_node.decorator_list
+            ):
+                # pybind11 writes no signature line for a property: it must be one at run time
+                assert isinstance(vars(runtime)[method], property), f"{name}.{method}"
+                continue
             signature = runtime_signature(getattr(runtime, method))
             assert stub_signature(method_node) == signature, f"{name}.{method}"
 

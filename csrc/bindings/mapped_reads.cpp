@@ -88,7 +88,9 @@ PyMethodDef probe_mapped_definition = {
     "probe_mapped",
     reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&probe_mapped)),
     METH_FASTCALL,
-    "probe_mapped(mapping, begin, end, /)\n--\n\n"
+    // pybind11's signature line (not CPython's "--" text signature, which would move it out
+    // of __doc__): tests/test_core_stubs.py checks the stub against this line like any other.
+    "probe_mapped(mapping: numpy.ndarray, begin: int, end: int, /) -> None\n\n"
     "Touch the page after the last byte of mapping[begin:end] (the last byte itself when that "
     "page is past the mapping): MappedReadFault if the mapped file shrank below them.",
 };
