@@ -203,10 +203,12 @@ def rank_main(job: dict[str, Any], rank: int) -> None:
         "gloo", init_method=job["rendezvous"], rank=rank, world_size=job["world"]
     )
     tokenized: list[str] = []
+    runs: list[int] = []  # one entry per pipeline run
     original = resolver.tokenize
 
     def counting(config: Any) -> Any:
-        tokenized.append(config.inputs[0])
+        tokenized.extend(config.inputs)
+        runs.append(len(config.inputs))
         return original(config)
 
     resolver.tokenize = counting  # type: ignore[assignment]
@@ -224,6 +226,6 @@ def rank_main(job: dict[str, Any], rank: int) -> None:
         return
     dist.barrier()
     Path(job["out"], f"{rank}.json").write_text(
-        json.dumps({"digest": digest, "tokenized": tokenized})
+        json.dumps({"digest": digest, "tokenized": tokenized, "pipeline_runs": len(runs)})
     )
     dist.destroy_process_group()

@@ -79,10 +79,11 @@ def _spec(value: str) -> Any:
 
 
 def counting_tokenize(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The inputs each pipeline run is given (in one list), as the resolver runs it."""
     tokenized: list[str] = []
 
     def counting(config: TokenizeConfig) -> Any:
-        tokenized.append(config.inputs[0])
+        tokenized.extend(config.inputs)
         return tokenize(config)
 
     monkeypatch.setattr(resolver_module, "tokenize", counting)
@@ -287,6 +288,16 @@ def test_ranks_tokenize_together_and_see_the_offline_samples(
     assert [r["digest"] for r in results] == [expected] * world
     tokenized = [path for r in results for path in r["tokenized"]]
     assert sorted(tokenized) == sorted(set(tokenized)) and len(tokenized) == 6  # each once
+    # each rank tokenizes its whole share in one pipeline run (one set-up per rank, not per file)
+    assert all(r["pipeline_runs"] == 1 for r in results)
+    # the directory's pieces, concatenated by all ranks in parallel, are byte for byte the
+    # offline run's output for that entry (offline_digest wrote it as offline2)
+    (merged,) = Path(job["raw_cache"], "merged").glob("*.idx")
+    for suffix in (".bin", ".idx"):
+        assert (
+            merged.with_suffix(suffix).read_bytes()
+            == (tmp_path / "offline2").with_suffix(suffix).read_bytes()
+        )
     if world > 1:
         assert all(r["tokenized"] for r in results), "a rank tokenized nothing"
 

@@ -11,20 +11,23 @@ Algorithm (:func:`tokenize_raw_text`, run by every rank with the same arguments)
    backend and version) and the options (read options, BOS/EOD, dtype). Its prefix is
    ``<cache>/pieces/<key>``. A piece is *committed* when ``<key>.tokenmill.json`` exists: the
    ``.bin`` and ``.idx`` are renamed into place first and the sidecar last (`_commit_prefix`,
-   the one place that touches the cache's files), each fsynced. Committed pieces are never
+   the one place that names the cache's files); their data was fsynced by its writer before,
+   and the renames of a rank's batch are made durable by one fsync of the cache directory. Committed pieces are never
    rewritten, so a second launch tokenizes nothing, a killed launch leaves only whole pieces
    (plus a temporary directory, removed when its piece is next tokenized), and a changed input
    file changes only its own key.
 3. The pieces are shared out by size (largest first, to the least loaded rank; ties by path),
    a pure function of the piece list, so every rank computes the same plan without talking.
-   Each rank tokenizes its uncommitted pieces with ``tokenmill tokenize``'s own pipeline (one
-   input, so the piece's bytes are those of the offline run's part for that input: same reader,
-   encoder, BOS/EOD shaping and dtype), then all ranks exchange their outcome (an error on one
+   Each rank tokenizes all its uncommitted pieces in one run of ``tokenmill tokenize``'s own
+   pipeline (``assemble=False``; each part, the bytes of the offline run's part for that input,
+   is committed by the ``on_part`` callback as soon as it is finished, so a kill loses only the
+   pieces in flight), then all ranks exchange their outcome (an error on one
    rank is raised on every rank, after all have stopped).
 4. An entry of one file resolves to its piece. An entry of several files resolves to the merge
-   of its pieces in input order, ``<cache>/merged/<sha256 of the piece keys>``, written by one
-   rank (entry ``i`` by rank ``i % world``) with ``IndexedDatasetBuilder.add_index``, the same
-   concatenation ``tokenmill tokenize`` performs on its parts. So each entry's prefix holds the
+   of its pieces in input order, ``<cache>/merged/<sha256 of the piece keys>``: every rank
+   copies the pieces it tokenized into the merged ``.bin`` at their offsets, in parallel, and
+   rank ``i % world`` joins merge ``i``'s indices as ``IndexedDatasetBuilder.add_index`` does
+   (`_concatenate`), the same bytes ``tokenmill tokenize`` writes from its parts. So each entry's prefix holds the
    same documents, sequences and tokens, in the same order, as ``tokenmill tokenize ENTRY``'s
    output, whatever the number of ranks or pieces, and the samples of GPTDataset over it are
    the offline path's.
@@ -63,11 +66,17 @@ from typing import Any
 import numpy
 
 from tokenmill.common import distributed
-from tokenmill.common.atomic import durable_replace
+from tokenmill.common.atomic import fsync_directory, fsync_enabled
 from tokenmill.common.progress import Progress
 from tokenmill.datasets.raw_text import RawTextResolution
-from tokenmill.formats.dataset_sidecar import sidecar_path
-from tokenmill.formats.megatron import DType, get_bin_path, get_idx_path
+from tokenmill.formats.dataset_sidecar import check_compatible, read_sidecar, sidecar_path
+from tokenmill.formats.megatron import (
+    INDEX_HEADER,
+    INDEX_VERSION,
+    DType,
+    get_bin_path,
+    get_idx_path,
+)
 from tokenmill.tokenize.pipeline import TokenizeConfig, tokenize
 from tokenmill.tokenize.readers import ReadOptions, expand_inputs, read_documents
 from tokenmill.tokenize.reference_backends import Tokenizer
@@ -316,16 +325,20 @@ def _committed(prefix: str) -> bool:
     )
 
 
-def _commit_prefix(temporary: str, final: str) -> None:
+def _commit_prefix(temporary: str, final: str) -> bool:
     """Move a finished prefix into the cache: ``.bin``, ``.idx``, then the sidecar that marks it
-    committed, each fsynced (the cache's one use of the atomic-write helper). A prefix another
-    rank committed meanwhile is left as it is (same key, same bytes)."""
+    committed (the one place that names the cache's files; see "Commit" in the module
+    docstring). A prefix another rank committed meanwhile is left as it is (same key, same
+    bytes): False.
+
+    The files' data is already on disk (the pipeline's builder and sidecar writer fsync before
+    naming them; so does :func:`_concatenate`); the renames are made durable by the caller,
+    with one fsync of the cache directory per batch."""
     if _committed(final):
-        return
+        return False
     for path in (get_bin_path, get_idx_path, sidecar_path):
-        # the pipeline and the merge fsynced their outputs before naming them: only the
-        # renames into the cache remain to be made durable
-        durable_replace(path(temporary), path(final), sync_source=False)
+        os.replace(path(temporary), path(final))
+    return True
 
 
 def _temporary_directory(root: str, key: str) -> str:
@@ -382,6 +395,140 @@ def _agree(error: BaseException | None) -> None:
     for rank, outcome in enumerate(outcomes):
         if outcome is not None:
             raise RuntimeError(f"rank {rank} failed to tokenize raw text: {outcome}")
+
+
+def _concatenate(
+    merges: list[tuple[str, list[str]]],
+    pieces_dir: str,
+    cache_dir: str,
+    owner: dict[str, int],
+    rank: int,
+    world_size: int,
+) -> int:
+    """Write each multi-file entry's concatenation of its pieces (``merge_datasets``' bytes: the
+    ``.bin`` files one after the other, their indices joined as ``add_index`` joins them) with
+    every rank copying the pieces it tokenized, in parallel; merge ``i`` is set up, indexed and
+    committed by rank ``i % world_size``. A collective (three exchanges of outcomes).
+
+    Returns:
+        The merges this rank committed.
+    """
+    plans = []
+    for number, (final, piece_keys) in enumerate(merges):
+        sources = [os.path.join(pieces_dir, key) for key in piece_keys]
+        sizes = [os.path.getsize(get_bin_path(source)) for source in sources]
+        offsets = numpy.concatenate([[0], numpy.cumsum(sizes, dtype=numpy.int64)]).tolist()
+        working = os.path.join(_cache_entries(cache_dir, "tmp"), os.path.basename(final) + ".merge")
+        plans.append((number % world_size, final, piece_keys, sources, sizes, offsets, working))
+
+    error: BaseException | None = None
+    try:  # 1. the writer of each merge creates its .bin at full size (after a killed try's)
+        for writer, _, _, _, _, offsets, working in plans:
+            if writer == rank:
+                shutil.rmtree(working, ignore_errors=True)
+                os.makedirs(working)
+                with open(os.path.join(working, "merged.bin"), "wb") as stream:
+                    stream.truncate(offsets[-1])
+    except BaseException as failure:
+        error = failure
+    _agree(error)
+    try:  # 2. every rank copies the pieces it tokenized into place
+        for _, _, piece_keys, sources, sizes, offsets, working in plans:
+            ours = [i for i, key in enumerate(piece_keys) if owner[key] == rank]
+            if not ours:
+                continue
+            descriptor = os.open(os.path.join(working, "merged.bin"), os.O_WRONLY)
+            try:
+                for i in ours:
+                    with open(get_bin_path(sources[i]), "rb") as source:
+                        _copy_range(source.fileno(), descriptor, sizes[i], offsets[i])
+                if fsync_enabled():
+                    os.fsync(descriptor)
+            finally:
+                os.close(descriptor)
+    except BaseException as failure:
+        error = failure
+    _agree(error)
+    committed = 0
+    try:  # 3. the writer joins the indices and commits
+        for writer, final, _, sources, _, _, working in plans:
+            if writer != rank:
+                continue
+            temporary = os.path.join(working, "merged")
+            _write_joined_index(sources, temporary)
+            committed += _commit_prefix(temporary, final)
+            shutil.rmtree(working, ignore_errors=True)
+        if committed and fsync_enabled():
+            fsync_directory(os.path.dirname(plans[0][1]))
+    except BaseException as failure:
+        error = failure
+    _agree(error)
+    return committed
+
+
+def _copy_range(source: int, destination: int, size: int, offset: int) -> None:
+    """Copy ``size`` bytes from the start of ``source`` to ``offset`` of ``destination`` (in the
+    kernel where it can)."""
+    copied = 0
+    with contextlib.suppress(OSError, AttributeError):  # EXDEV, unsupported: copy by hand
+        while copied < size:
+            step = os.copy_file_range(source, destination, size - copied, copied, offset + copied)
+            if step == 0:
+                break
+            copied += step
+    while copied < size:
+        block = os.pread(source, min(64 << 20, size - copied), copied)
+        if not block:
+            raise OSError(f"piece shrank while being copied (fd {source}, at byte {copied})")
+        copied += os.pwrite(destination, block, offset + copied)
+
+
+def _write_joined_index(sources: list[str], prefix: str) -> None:
+    """``<prefix>.idx`` and sidecar for ``<prefix>.bin``, the concatenation of ``sources``: the
+    index ``IndexedDatasetBuilder.add_index`` would write (lengths joined, pointers recomputed,
+    document boundaries shifted), checked against the ``.bin`` by opening the result."""
+    from tokenmill.formats.megatron import IndexedDataset
+    from tokenmill.formats.megatron_index import INDEX_COUNTS, INDEX_PREAMBLE
+    from tokenmill.tokenize.merge import write_merged_sidecar
+
+    lengths: list[Any] = []
+    boundaries: list[Any] = [numpy.zeros(1, dtype="<i8")]
+    offset = 0
+    dtype: Any = None
+    for source in sources:
+        dataset = IndexedDataset(source)
+        dtype = dataset.index.dtype
+        lengths.append(numpy.asarray(dataset.sequence_lengths, dtype="<i4"))
+        boundaries.append(numpy.asarray(dataset.document_indices[1:], dtype="<i8") + offset)
+        offset += len(dataset)
+        del dataset
+    joined = numpy.concatenate(lengths)
+    pointers = numpy.zeros(joined.shape[0], dtype="<i8")
+    if joined.shape[0]:
+        numpy.cumsum(joined[:-1], dtype=numpy.int64, out=pointers[1:])
+        pointers *= numpy.dtype(dtype).itemsize
+    documents = numpy.concatenate(boundaries)
+    with open(get_idx_path(prefix), "wb") as stream:
+        stream.write(INDEX_PREAMBLE.pack(INDEX_HEADER, INDEX_VERSION, DType.code_from_dtype(dtype)))
+        stream.write(INDEX_COUNTS.pack(joined.shape[0], documents.shape[0]))
+        for array in (joined, pointers, documents):
+            stream.write(array.tobytes())
+        stream.flush()
+        if fsync_enabled():
+            os.fsync(stream.fileno())
+    merged = IndexedDataset(prefix)  # raises if the .idx and .bin disagree
+    tokens = int(merged.sequence_lengths.sum(dtype="int64"))
+    del merged
+    sidecars = [read_sidecar(source) for source in sources]
+    write_merged_sidecar(
+        prefix,
+        check_compatible(sources),
+        sidecars,
+        dtype,
+        int(documents.shape[0]) - 1,
+        int(joined.shape[0]),
+        tokens,
+    )
 
 
 def _piece_key(path: str, fingerprint: dict[str, Any], options: dict[str, Any]) -> str:
@@ -472,13 +619,31 @@ def tokenize_raw_text(
         unit_scale=True,
         enabled=options.progress and rank == 0 and bool(mine),
     )
+    key_of = dict(mine)
+    committed_any = False
+
+    def piece_done(path: str, part: str) -> None:
+        # called by the pipeline as each input's part is finished, while the next inputs are
+        # still being encoded: the piece is in the cache before the next one is done
+        nonlocal committed_any
+        committed_any |= _commit_prefix(part, os.path.join(pieces_dir, key_of[path]))
+        stats.tokenized.append(path)
+        progress.update(os.path.getsize(path))
+        if pause_after and len(stats.tokenized) >= pause_after:
+            with open(os.environ.get(_PAUSED_VARIABLE, os.devnull), "w"):
+                pass
+            while True:  # the test kills this process here
+                time.sleep(3600)
+
     try:
-        for path, key in mine:
-            working = _temporary_directory(cache_dir, key)
+        if mine:
+            # one pipeline run over all of this rank's pieces: one tokenizer set-up, and the
+            # encoder threads stay busy across the pieces' boundaries
+            working = _temporary_directory(cache_dir, f"rank-{rank}-of-{world_size}")
             result = tokenize(
                 TokenizeConfig(
-                    inputs=(path,),
-                    output_prefix=os.path.join(working, "piece"),
+                    inputs=tuple(path for path, _ in mine),
+                    output_prefix=os.path.join(working, "pieces"),
                     tokenizer=spec,
                     read=read,
                     prepend_bos=options.prepend_bos,
@@ -486,19 +651,15 @@ def tokenize_raw_text(
                     workers=workers,
                     progress=False,
                     memory_budget=options.memory_budget,
+                    assemble=False,
+                    on_part=piece_done,
                 )
             )
-            _commit_prefix(os.path.join(working, "piece"), os.path.join(pieces_dir, key))
-            shutil.rmtree(working, ignore_errors=True)
-            stats.tokenized.append(path)
             stats.text_bytes += result.text_bytes
             stats.tokens += result.tokens
-            progress.update(os.path.getsize(path))
-            if pause_after and len(stats.tokenized) >= pause_after:
-                with open(os.environ.get(_PAUSED_VARIABLE, os.devnull), "w"):
-                    pass
-                while True:  # the test kills this process here
-                    time.sleep(3600)
+            if committed_any and fsync_enabled():
+                fsync_directory(pieces_dir)  # the batch's renames, made durable at once
+            shutil.rmtree(working, ignore_errors=True)
     except BaseException as failure:  # every rank must hear of it, or the others hang
         error = failure
     progress.close(final_line=False)
@@ -506,28 +667,17 @@ def tokenize_raw_text(
 
     prefixes: dict[str, str] = {}
     merged_dir = _cache_entries(cache_dir, "merged")
-    error = None
-    try:
-        for number, (entry, paths) in enumerate(files.items()):
-            if len(paths) == 1:
-                prefixes[entry] = os.path.join(pieces_dir, keys[paths[0]])
-                continue
-            merged_key = hashlib.sha256(json.dumps([keys[p] for p in paths]).encode()).hexdigest()
-            prefixes[entry] = os.path.join(merged_dir, merged_key)
-            if number % world_size != rank or _committed(prefixes[entry]):
-                continue
-            from tokenmill.tokenize.merge import merge_datasets
-
-            working = _temporary_directory(cache_dir, merged_key)
-            merge_datasets(
-                [os.path.join(pieces_dir, keys[p]) for p in paths], os.path.join(working, "merged")
-            )
-            _commit_prefix(os.path.join(working, "merged"), prefixes[entry])
-            shutil.rmtree(working, ignore_errors=True)
-            stats.merged += 1
-    except BaseException as failure:
-        error = failure
-    _agree(error)
+    merges: list[tuple[str, list[str]]] = []
+    for entry, paths in files.items():
+        if len(paths) == 1:
+            prefixes[entry] = os.path.join(pieces_dir, keys[paths[0]])
+            continue
+        merged_key = hashlib.sha256(json.dumps([keys[p] for p in paths]).encode()).hexdigest()
+        prefixes[entry] = os.path.join(merged_dir, merged_key)
+        if not _committed(prefixes[entry]) and prefixes[entry] not in dict(merges):
+            merges.append((prefixes[entry], [keys[p] for p in paths]))
+    if merges:
+        stats.merged = _concatenate(merges, pieces_dir, cache_dir, owner, rank, world_size)
     missing = [prefix for prefix in prefixes.values() if not _committed(prefix)]
     if missing:
         raise RuntimeError(

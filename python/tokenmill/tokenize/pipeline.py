@@ -57,7 +57,7 @@ import os
 import shutil
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -197,6 +197,12 @@ class TokenizeConfig:
         memory_budget: bytes the chunks in flight may take (estimated as
             ``MEMORY_PER_TEXT_BYTE`` x their text); the output being written (the index arrays,
             8 bytes per sequence and document) comes on top.
+        assemble: with ``world_size == 1``, concatenate the parts into the output; False: leave
+            them in ``<prefix>.parts`` (as a rank of several does), for a caller that uses each
+            part itself (the raw-text cache: one pipeline run per rank over all its pieces).
+        on_part: called with (input path, part prefix) as soon as each part is finished, in
+            input order, while the next inputs are still being encoded; it may move the part's
+            files away (then pass ``assemble=False``). Not part of the job's identity.
     """
 
     inputs: tuple[str, ...]
@@ -215,6 +221,8 @@ class TokenizeConfig:
     keep_parts: bool = False
     progress: bool = True
     memory_budget: int = DEFAULT_MEMORY_BUDGET
+    assemble: bool = True
+    on_part: Callable[[str, str], None] | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         inputs: object = self.inputs
@@ -413,10 +421,10 @@ def _tokenize_owned(config: TokenizeConfig, tokenizer: Tokenizer, started: float
         )
 
     result_prefix: str | None = None
-    if config.world_size == 1:
+    if config.world_size == 1 and config.assemble:
         _assemble(config, run, tokenizer)
         result_prefix = run.output_prefix
-    elif config.progress:
+    elif config.progress and config.world_size > 1:
         progress.write(
             f"[tokenize] rank {config.rank}/{config.world_size}: {len(written)} part(s) written, "
             f"{len(run.skipped)} skipped; when every rank is done run: tokenmill merge "
@@ -638,6 +646,8 @@ def _write_parts(
             writers[index] = _PartWriter(run.part(index), run.options.dtype)
         if future is None:  # the input is done
             written.append(writers.pop(index).finish(run, identities[index]))
+            if config.on_part is not None:
+                config.on_part(run.files[index], written[-1])
             if pause_after and len(written) >= pause_after:
                 pause_after = 0
                 _test_pause()
