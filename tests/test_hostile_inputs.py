@@ -939,3 +939,19 @@ def test_a_failing_tokenize_prints_its_one_line_and_nothing_at_exit(tmp_path: Pa
         assert result.returncode == 1, result.stderr
         assert result.stderr.count("\n") == 1, f"run {run}: {result.stderr}"
         assert result.stderr.startswith("tokenmill: error: ") and "lone surrogate" in result.stderr
+
+
+def test_a_subarray_descr_in_an_npy_header_is_refused_naming_the_file(tmp_path: Path) -> None:
+    """Found by the npy_tokens fuzz campaign (2026-11-28): descr '5u2' with shape () passed the
+    header checks, and the reshape of its 5 values into () raised a bare numpy ValueError."""
+    from tokenmill.errors import DataFormatError
+    from tokenmill.formats.npy import load_npy
+    from tokenmill.formats.token_dir import open_token_file
+
+    header = b"{'descr': '5u2', 'fortran_order': False, 'shape': (), }"
+    header += b" " * (118 - len(header)) + b"\n"
+    path = tmp_path / "subarray.npy"
+    path.write_bytes(b"\x93NUMPY\x01\x00" + len(header).to_bytes(2, "little") + header + bytes(10))
+    for read in (load_npy, lambda p: open_token_file(p, None)):
+        with pytest.raises(DataFormatError, match=r"subarray\.npy.*subarray dtype"):
+            read(path)

@@ -66,6 +66,10 @@ def _header(stream: Any, path: str) -> tuple[tuple[int, ...], bool, np.dtype[Any
         raise ValueError(f"unsupported .npy version {version}")
     if dtype.hasobject:
         raise ValueError(f"object dtype {dtype} cannot be loaded without pickle")
+    if dtype.subdtype is not None:
+        # numpy.save writes a subarray dtype's dimensions into 'shape' and never a descr such
+        # as '5u2': a header that has one describes an array whose data does not fit its shape
+        raise ValueError(f"descr {dtype.str!r} is a subarray dtype, which numpy.save never writes")
     return tuple(int(n) for n in shape), bool(fortran), dtype, stream.tell()
 
 
