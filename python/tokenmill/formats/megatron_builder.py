@@ -21,8 +21,8 @@ import contextlib
 import errno
 import os
 import tempfile
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Iterable, Sequence
+from typing import Any, overload
 
 import numpy
 import numpy.typing as npt
@@ -44,6 +44,29 @@ from tokenmill.formats.megatron_index import (
 )
 
 __all__ = ["IndexedDatasetBuilder"]
+
+_JAGGED_KEYWORDS = frozenset({"documents", "modes", "eod_token", "chunk_size"})
+_FLAT_KEYWORDS = frozenset({"tokens", "sequence_lengths", "sequences_per_document"})
+
+
+def _is_jagged_form(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """Whether an ``add_documents`` call is Megatron-LM main's form (documents, modes, eod_token,
+    chunk_size) rather than tokenmill's (tokens, sequence_lengths, sequences_per_document)."""
+    if _JAGGED_KEYWORDS & kwargs.keys():
+        return True
+    if _FLAT_KEYWORDS & kwargs.keys():
+        return False
+    if len(args) + len(kwargs) == 1:
+        return True  # tokenmill's form needs the sequence lengths too
+    first = args[0] if args else None
+    if type(first).__module__.split(".")[0] == "awkward":
+        return True
+    if isinstance(first, numpy.ndarray):
+        return first.ndim >= 2 or first.dtype == object
+    if isinstance(first, (list, tuple)):
+        return bool(first) and not numpy.isscalar(first[0]) and hasattr(first[0], "__len__")
+    return False
+
 
 # Buffer for the portable fallback of the .bin merge.
 _COPY_BUFFER_SIZE = 16 << 20
@@ -343,7 +366,115 @@ class IndexedDatasetBuilder:
         if self._sequence_modes is not None and modes_array is not None:
             self._sequence_modes.extend(modes_array)
 
+    @overload
     def add_documents(
+        self,
+        tokens: Any,
+        sequence_lengths: npt.ArrayLike,
+        sequences_per_document: npt.ArrayLike | None = None,
+    ) -> None: ...
+
+    @overload
+    def add_documents(
+        self,
+        documents: Any,
+        modes: Sequence[int] | None = None,
+        eod_token: int | None = None,
+        chunk_size: int = 1_000_000,
+    ) -> None: ...
+
+    def add_documents(self, *args: Any, **kwargs: Any) -> None:
+        """Append many documents at once, in either of two forms.
+
+        * ``add_documents(tokens, sequence_lengths, sequences_per_document=None)``: tokenmill's
+          bulk form of :meth:`add_document` (see :meth:`_add_flat_documents`).
+        * ``add_documents(documents, modes=None, eod_token=None, chunk_size=1_000_000)``:
+          Megatron-LM main's form (its ``tools/preprocess_data_fast.py`` calls it), byte-identical
+          to main's builder (see :meth:`_add_jagged_documents`).
+
+        The form is told by the keywords, else by the first argument: documents (an awkward
+        array, a list or tuple of token sequences, a numpy array of two or more dimensions or
+        of objects) or one argument alone are main's form; flat tokens are tokenmill's.
+        """
+        if _is_jagged_form(args, kwargs):
+            self._add_jagged_documents(*args, **kwargs)
+        else:
+            self._add_flat_documents(*args, **kwargs)
+
+    def _add_jagged_documents(
+        self,
+        documents: Any,
+        modes: Sequence[int] | None = None,
+        eod_token: int | None = None,
+        chunk_size: int = 1_000_000,
+    ) -> None:
+        """Megatron-LM main's ``add_documents``: each document is one sequence and one document,
+        followed by ``eod_token`` when given; ``modes`` gives each document's mode (multimodal
+        builders; None means all 0, and a builder that is not multimodal ignores them, as main's
+        does). Documents are converted ``chunk_size`` at a time.
+
+        Raises:
+            ValueError: ``chunk_size`` is not positive, or a multimodal builder's modes are fewer
+                than its documents.
+            OverflowError: a token, the EOD token or a mode does not fit its dtype.
+            TypeError: a document is not a sequence of numbers.
+        """
+        self._check_open()
+        if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size <= 0:
+            raise ValueError(
+                f"{self.bin_path}: chunk_size must be a positive int, got {chunk_size!r}"
+            )
+        eod: npt.NDArray[Any] | None = None
+        if eod_token is not None:
+            eod = self._convert([eod_token])
+        count = len(documents)
+        mode_values: npt.NDArray[Any] | None = None
+        if self._sequence_modes is not None and modes is not None:
+            mode_values = _as_values(
+                _as_flat_array(modes), numpy.dtype(numpy.int8), self.bin_path, "modes"
+            )
+            if mode_values.shape[0] < count:
+                raise ValueError(
+                    f"{self.bin_path}: {mode_values.shape[0]} modes for {count} documents"
+                )
+        for start in range(0, count, chunk_size):
+            flat, lengths = self._flatten_documents(documents[start : start + chunk_size])
+            if eod is not None:
+                flat = numpy.insert(flat, numpy.cumsum(lengths), eod[0])
+                lengths = lengths + 1
+            self._write(flat)
+            del flat
+            offset = len(self._sequence_lengths)
+            self._sequence_lengths.extend(lengths)
+            self._document_indices.extend(
+                numpy.arange(offset + 1, offset + lengths.shape[0] + 1, dtype=numpy.int64)
+            )
+            if self._sequence_modes is not None:
+                self._sequence_modes.extend(
+                    numpy.zeros(lengths.shape[0], dtype=numpy.int8)
+                    if mode_values is None
+                    else mode_values[start : start + lengths.shape[0]]
+                )
+
+    def _flatten_documents(self, chunk: Any) -> tuple[npt.NDArray[Any], npt.NDArray[numpy.int64]]:
+        """One chunk of documents as (their tokens concatenated in the builder dtype, each
+        document's length)."""
+        if type(chunk).__module__.split(".")[0] == "awkward":
+            import awkward  # type: ignore[import-untyped]  # present: the documents are awkward
+
+            flat = self._convert(awkward.flatten(chunk, axis=None))
+            lengths = numpy.asarray(awkward.num(chunk, axis=1), dtype=numpy.int64)
+            return flat, lengths
+        if isinstance(chunk, numpy.ndarray) and chunk.dtype != object:
+            rows = chunk.reshape(chunk.shape[0], -1) if chunk.ndim else chunk.reshape(1, -1)
+            lengths = numpy.full(rows.shape[0], rows.shape[1], dtype=numpy.int64)
+            return self._convert(rows), lengths
+        parts = [self._convert(document) for document in chunk]
+        lengths = numpy.fromiter((part.shape[0] for part in parts), dtype=numpy.int64)
+        flat = numpy.concatenate(parts) if parts else numpy.empty(0, dtype=self._numpy_dtype)
+        return flat, lengths
+
+    def _add_flat_documents(
         self,
         tokens: Any,
         sequence_lengths: npt.ArrayLike,

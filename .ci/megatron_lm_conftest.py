@@ -1,0 +1,47 @@
+"""Root conftest for Megatron-LM's own tests/unit_tests/data, run by .ci/megatron-lm-tests.
+
+Copied next to the extracted tests of one Megatron-LM branch (a scratch folder outside the repo),
+it runs them on a CPU machine as a single gloo rank, on stock megatron-core (TOKENMILL_STOCK=1)
+or under tokenmill.patch_megatron(). Nothing here changes what a test asserts.
+"""
+
+import os
+import typing
+
+import typing_extensions
+
+if not hasattr(typing, "override"):  # megatron.training uses Python 3.12's typing.override
+    typing.override = typing_extensions.override  # type: ignore[attr-defined]
+
+if os.environ.get("TOKENMILL_STOCK") != "1":
+    import tokenmill
+
+    tokenmill.patch_megatron()
+
+import torch
+import torch.distributed
+
+# the tests place one rank on a GPU; here it is one CPU rank over gloo
+torch.cuda.device_count = lambda: 1
+torch.cuda.set_device = lambda *args, **kwargs: None
+_init_process_group = torch.distributed.init_process_group
+
+
+def _gloo_process_group(*args, **kwargs):  # type: ignore[no-untyped-def]
+    kwargs["backend"] = "gloo"
+    kwargs.pop("device_id", None)
+    return _init_process_group(*args, **kwargs)
+
+
+torch.distributed.init_process_group = _gloo_process_group
+os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 1000))
+os.environ.setdefault("WORLD_SIZE", "1")
+os.environ.setdefault("RANK", "0")
+os.environ.setdefault("LOCAL_RANK", "0")
+
+if os.environ.get("TOKENMILL_STOCK") == "1":
+    # a wheel ships the compiled helpers and no Makefile; megatron's compile_helpers would run make
+    import megatron.core.datasets.utils as _megatron_utils
+
+    _megatron_utils.compile_helpers = lambda: None
