@@ -16,13 +16,59 @@ import errno
 import fcntl
 import logging
 import os
+import stat
 from collections.abc import Iterator
+from typing import TextIO
 
 from tokenmill.common.mapping import resource_error
 
 __all__ = ["best_effort_lock"]
 
 logger = logging.getLogger(__name__)
+
+
+class _NotRegularFile(OSError):
+    pass
+
+
+# O_NOFOLLOW: a symlink planted at the lock's name (by another user of a shared cache) is
+# refused, not followed into a file the link's author chose; O_NONBLOCK: a FIFO planted there
+# does not block the open (an open for writing waits for a reader), and fstat refuses it.
+_LOCK_FLAGS = (
+    os.O_WRONLY
+    | os.O_CREAT
+    | os.O_APPEND
+    | getattr(os, "O_NOFOLLOW", 0)
+    | getattr(os, "O_NONBLOCK", 0)
+    | getattr(os, "O_CLOEXEC", 0)
+)
+
+
+def _open_lock_file(path: str) -> TextIO:
+    try:
+        descriptor = os.open(path, _LOCK_FLAGS, 0o666)
+    except OSError as error:
+        if error.errno == errno.ELOOP:
+            raise OSError(
+                errno.ELOOP, f"lock file {path} is a symbolic link: refused, not followed", path
+            ) from None
+        if error.errno == errno.ENXIO:  # a FIFO with no reader
+            raise _NotRegularFile(
+                errno.ENXIO, f"lock file {path} is not a regular file (a FIFO?): refused", path
+            ) from None
+        raise
+    try:
+        mode = os.fstat(descriptor).st_mode
+        if not stat.S_ISREG(mode):
+            raise _NotRegularFile(
+                errno.EINVAL,
+                f"lock file {path} is not a regular file (mode {stat.filemode(mode)}): refused",
+                path,
+            )
+    except BaseException:
+        os.close(descriptor)
+        raise
+    return os.fdopen(descriptor, "a")
 
 
 @contextlib.contextmanager
@@ -41,8 +87,10 @@ def best_effort_lock(path: str, doing: str, remove_on_release: bool = False) -> 
         ResourceLimitError: the lock file cannot be opened for lack of descriptors or space.
     """
     try:
-        handle = open(path, "a")  # noqa: SIM115 - closed below, after the unlock
+        handle = _open_lock_file(path)
     except OSError as error:
+        if error.errno in (errno.ELOOP, errno.ENXIO) or isinstance(error, _NotRegularFile):
+            raise
         limit = resource_error(error, path)
         if limit is not None:
             raise limit from error
