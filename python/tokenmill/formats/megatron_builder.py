@@ -389,8 +389,9 @@ class IndexedDatasetBuilder:
         * ``add_documents(tokens, sequence_lengths, sequences_per_document=None)``: tokenmill's
           bulk form of :meth:`add_document` (see :meth:`_add_flat_documents`).
         * ``add_documents(documents, modes=None, eod_token=None, chunk_size=1_000_000)``:
-          Megatron-LM main's form (its ``tools/preprocess_data_fast.py`` calls it), byte-identical
-          to main's builder (see :meth:`_add_jagged_documents`).
+          Megatron-LM main's form (its ``tools/preprocess_data_fast.py`` calls it), with main's
+          semantics as read from its source (see :meth:`_add_jagged_documents`; the tests compare
+          it with per-document writes, not yet with main's own builder).
 
         The form is told by the keywords, else by the first argument: documents (an awkward
         array, a list or tuple of token sequences, a numpy array of two or more dimensions or
