@@ -294,3 +294,21 @@ def test_random_documents_identical(
     first, second = build_both(tmp_path_factory.mktemp("diff"), script, dtype, multimodal)
     assert_same_files(first, second)
     assert_same_reads(first, multimodal)
+
+
+@pytest.mark.parametrize("dtype", [np.uint16, np.int32, np.float64])
+@pytest.mark.parametrize("modes", [None, [0, 1, 1, 0, 2]])
+@pytest.mark.parametrize("lengths", [[], [7], [3, 0, 5, 1, 9]])
+def test_index_writer_writes_megatrons_bytes(
+    tmp_path: Path, dtype: Any, modes: list[int] | None, lengths: list[int]
+) -> None:
+    """megatron's ``_IndexWriter`` (patched in as tokenmill.megatron.indexed_dataset's, which
+    shares the one ``.idx`` serializer with the builder) writes megatron-core's bytes."""
+    from tokenmill.megatron import indexed_dataset as patched
+
+    modes = None if modes is None else modes[: len(lengths)]
+    documents = [0, len(lengths)] if lengths else [0]
+    for name, module in (("megatron", megatron), ("tokenmill", patched)):
+        with module._IndexWriter(str(tmp_path / f"{name}.idx"), dtype) as writer:
+            writer.write(lengths, modes, documents)
+    assert (tmp_path / "megatron.idx").read_bytes() == (tmp_path / "tokenmill.idx").read_bytes()

@@ -30,10 +30,6 @@ import numpy.typing as npt
 from tokenmill.common.atomic import default_file_mode, durable_replace
 from tokenmill.errors import DataFormatError
 from tokenmill.formats.megatron_index import (
-    INDEX_COUNTS,
-    INDEX_HEADER,
-    INDEX_PREAMBLE,
-    INDEX_VERSION,
     OBJECT_STORAGE_SCHEMES,
     DType,
     DTypeLike,
@@ -41,6 +37,7 @@ from tokenmill.formats.megatron_index import (
     _IndexReader,
     get_bin_path,
     get_idx_path,
+    write_index,
 )
 
 __all__ = ["IndexedDatasetBuilder"]
@@ -610,29 +607,17 @@ class IndexedDatasetBuilder:
         self._data_file.close()
         self._finalized = True
 
-        pointers = numpy.empty(lengths.shape[0], dtype="<i8")
-        if lengths.shape[0]:
-            pointers[0] = 0
-            numpy.cumsum(lengths[:-1], dtype=numpy.int64, out=pointers[1:])
-            pointers *= self._numpy_dtype.itemsize
-        header = INDEX_PREAMBLE.pack(
-            INDEX_HEADER, INDEX_VERSION, DType.code_from_dtype(self.dtype)
-        ) + INDEX_COUNTS.pack(lengths.shape[0], boundaries.shape[0])
-        parts: list[npt.NDArray[Any]] = [
-            lengths.astype("<i4", copy=False),
-            pointers,
-            boundaries.astype("<i8", copy=False),
-        ]
-        if self._sequence_modes is not None:
-            parts.append(self._sequence_modes.view())
         directory, name = os.path.split(os.path.abspath(idx_path))
         descriptor, temporary = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=directory)
         try:
             with os.fdopen(descriptor, "wb") as stream:
-                stream.write(header)
-                for part in parts:
-                    if part.shape[0]:
-                        stream.write(numpy.ascontiguousarray(part).data.cast("B"))
+                write_index(
+                    stream,
+                    self.dtype,
+                    lengths,
+                    boundaries,
+                    None if self._sequence_modes is None else self._sequence_modes.view(),
+                )
             os.chmod(temporary, default_file_mode())
             # Both files are complete under temporary names. A stale .idx must never pair with
             # the new .bin: remove it, then rename the .bin, then the .idx. A crash in between

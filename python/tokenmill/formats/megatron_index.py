@@ -18,6 +18,7 @@ import logging
 import os
 import struct
 from collections.abc import Callable
+from typing import IO, Any
 
 import numpy
 import numpy.typing as npt
@@ -38,6 +39,7 @@ __all__ = [
     "DType",
     "get_bin_path",
     "get_idx_path",
+    "write_index",
 ]
 
 INDEX_HEADER = b"MMIDIDX\x00\x00"
@@ -152,6 +154,43 @@ class DType(enum.Enum):
         if cardinality is not None and cardinality < 65500:
             return numpy.uint16
         return numpy.int32
+
+
+def write_index(
+    stream: IO[bytes],
+    dtype: DTypeLike,
+    sequence_lengths: npt.ArrayLike,
+    document_indices: npt.ArrayLike,
+    sequence_modes: npt.ArrayLike | None = None,
+) -> None:
+    """Write a whole ``.idx`` to ``stream``: header, lengths, pointers, boundaries, modes.
+
+    The one serializer of the format (the builder's ``finalize``, megatron's ``_IndexWriter``
+    under the patch and the raw-text join all call it), so the bytes megatron-core writes are
+    produced in one place. Pointers are the exclusive prefix sum of ``length x itemsize`` in
+    int64, as megatron computes them.
+
+    Args:
+        stream: a binary file opened for writing, positioned where the ``.idx`` starts.
+        dtype: the token dtype of the ``.bin`` (its code goes in the header).
+        sequence_lengths: tokens per sequence (written as little-endian int32).
+        document_indices: document boundaries in sequences, starting at 0 (int64).
+        sequence_modes: per-sequence modes (int8) for multimodal data, or None.
+    """
+    lengths = numpy.ascontiguousarray(sequence_lengths, dtype="<i4")
+    boundaries = numpy.ascontiguousarray(document_indices, dtype="<i8")
+    pointers = numpy.zeros(lengths.shape[0], dtype="<i8")
+    if lengths.shape[0] > 1:
+        numpy.cumsum(lengths[:-1], dtype=numpy.int64, out=pointers[1:])
+        pointers *= numpy.dtype(dtype).itemsize
+    stream.write(INDEX_PREAMBLE.pack(INDEX_HEADER, INDEX_VERSION, DType.code_from_dtype(dtype)))
+    stream.write(INDEX_COUNTS.pack(lengths.shape[0], boundaries.shape[0]))
+    parts: list[npt.NDArray[Any]] = [lengths, pointers, boundaries]
+    if sequence_modes is not None:
+        parts.append(numpy.ascontiguousarray(sequence_modes, dtype=numpy.int8))
+    for part in parts:
+        if part.shape[0]:
+            stream.write(part.data.cast("B"))
 
 
 def get_idx_path(path_prefix: str) -> str:

@@ -38,14 +38,10 @@ from tokenmill.formats.megatron import (
     get_idx_path,
     shrunk_file_error,
 )
-from tokenmill.formats.megatron_index import (
-    INDEX_COUNTS,
-    INDEX_PREAMBLE,
-    INDEX_VERSION,
-)
 from tokenmill.formats.megatron_index import (  # megatron's private name, imported by its tools
     _IndexReader as _IndexReader,
 )
+from tokenmill.formats.megatron_index import write_index
 from tokenmill.megatron.object_storage_utils import (
     ObjectStorageConfig,
     S3Config,
@@ -125,23 +121,18 @@ class _IndexWriter:
         """
         if self._file is None:
             raise ValueError(f"{self.idx_path}: _IndexWriter.write needs the `with` block")
-        lengths = numpy.asarray(list(sequence_lengths), dtype="<i4")
-        boundaries = numpy.asarray(list(document_indices), dtype="<i8")
-        pointers = numpy.asarray(self._sequence_pointers(lengths), dtype="<i8")
-        stream = self._file.stream
-        stream.write(
-            INDEX_PREAMBLE.pack(INDEX_HEADER, INDEX_VERSION, DType.code_from_dtype(self.dtype))
+        write_index(
+            self._file.stream,
+            self.dtype,
+            numpy.fromiter(sequence_lengths, dtype="<i4"),
+            numpy.fromiter(document_indices, dtype="<i8"),
+            None if sequence_modes is None else numpy.fromiter(sequence_modes, dtype=numpy.int8),
         )
-        stream.write(INDEX_COUNTS.pack(lengths.shape[0], boundaries.shape[0]))
-        stream.write(lengths.tobytes(order="C"))
-        stream.write(pointers.tobytes(order="C"))
-        stream.write(boundaries.tobytes(order="C"))
-        if sequence_modes is not None:
-            stream.write(numpy.asarray(list(sequence_modes), dtype=numpy.int8).tobytes(order="C"))
 
     def _sequence_pointers(self, sequence_lengths: Iterable[int | numpy.integer[Any]]) -> list[int]:
-        """The byte offset of each sequence: the exclusive prefix sum of length x itemsize."""
-        lengths = numpy.asarray(list(sequence_lengths), dtype=numpy.int64)
+        """The byte offset of each sequence (megatron's helper, kept for code that calls it;
+        ``write`` computes the same offsets in ``write_index``)."""
+        lengths = numpy.fromiter(sequence_lengths, dtype=numpy.int64)
         pointers = numpy.zeros(lengths.shape[0], dtype=numpy.int64)
         if lengths.shape[0] > 1:
             numpy.cumsum(lengths[:-1], out=pointers[1:])

@@ -71,8 +71,6 @@ from tokenmill.common.progress import Progress
 from tokenmill.datasets.raw_text import RawTextResolution
 from tokenmill.formats.dataset_sidecar import check_compatible, read_sidecar, sidecar_path
 from tokenmill.formats.megatron import (
-    INDEX_HEADER,
-    INDEX_VERSION,
     DType,
     get_bin_path,
     get_idx_path,
@@ -488,7 +486,7 @@ def _write_joined_index(sources: list[str], prefix: str) -> None:
     index ``IndexedDatasetBuilder.add_index`` would write (lengths joined, pointers recomputed,
     document boundaries shifted), checked against the ``.bin`` by opening the result."""
     from tokenmill.formats.megatron import IndexedDataset
-    from tokenmill.formats.megatron_index import INDEX_COUNTS, INDEX_PREAMBLE
+    from tokenmill.formats.megatron_index import write_index
     from tokenmill.tokenize.merge import write_merged_sidecar
 
     lengths: list[Any] = []
@@ -503,16 +501,9 @@ def _write_joined_index(sources: list[str], prefix: str) -> None:
         offset += len(dataset)
         del dataset
     joined = numpy.concatenate(lengths)
-    pointers = numpy.zeros(joined.shape[0], dtype="<i8")
-    if joined.shape[0]:
-        numpy.cumsum(joined[:-1], dtype=numpy.int64, out=pointers[1:])
-        pointers *= numpy.dtype(dtype).itemsize
     documents = numpy.concatenate(boundaries)
     with open(get_idx_path(prefix), "wb") as stream:
-        stream.write(INDEX_PREAMBLE.pack(INDEX_HEADER, INDEX_VERSION, DType.code_from_dtype(dtype)))
-        stream.write(INDEX_COUNTS.pack(joined.shape[0], documents.shape[0]))
-        for array in (joined, pointers, documents):
-            stream.write(array.tobytes())
+        write_index(stream, dtype, joined, documents)
         stream.flush()
         if fsync_enabled():
             os.fsync(stream.fileno())
