@@ -123,20 +123,28 @@ def test_mock_log_lines_under_tokenmill(tmp_path: Path, caplog: pytest.LogCaptur
     assert ours == theirs
 
 
+def _build_ours(prefix: str, cache: Path, samples: int) -> Any:
+    """tokenmill's (patched-in) training split of ``samples`` 48-token samples of ``prefix``."""
+    gpt = OURS["gpt_dataset"]
+    config = gpt.GPTDatasetConfig(
+        random_seed=7, sequence_length=48, tokenizer=TinyTokenizer(), blend=([prefix], None),
+        split="1", reset_position_ids=False, reset_attention_mask=False, eod_mask_loss=False,
+        path_to_cache=str(cache),
+    )  # fmt: skip
+    train, _, _ = (
+        OURS["blended_megatron_dataset_builder"]
+        .BlendedMegatronDatasetBuilder(gpt.GPTDataset, [samples, None, None], lambda: True, config)
+        .build()
+    )
+    return train
+
+
 def test_timings_are_measured(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """tokenmill's timing lines carry real durations, not a constant."""
     rng = np.random.default_rng(5)
     prefix = write_megatron_shard(tmp_path / "big", random_documents(rng, 4000, 400))
     with caplog.at_level(logging.DEBUG, logger="megatron.core.datasets"):
-        gpt = OURS["gpt_dataset"]
-        config = gpt.GPTDatasetConfig(
-            random_seed=7, sequence_length=48, tokenizer=TinyTokenizer(), blend=([prefix], None),
-            split="1", reset_position_ids=False, reset_attention_mask=False, eod_mask_loss=False,
-            path_to_cache=str(tmp_path / "cache"),
-        )  # fmt: skip
-        OURS["blended_megatron_dataset_builder"].BlendedMegatronDatasetBuilder(
-            gpt.GPTDataset, [20000, None, None], lambda: True, config
-        ).build()
+        _build_ours(prefix, tmp_path / "cache", 20000)
     seconds = [
         float(match.group(1))
         for record in caplog.records
@@ -153,17 +161,7 @@ def test_no_line_is_formatted_when_megatron_logger_drops_them(
     the WARNING a build without a cache logs still reaches the logger."""
     rng = np.random.default_rng(9)
     prefix = write_megatron_shard(tmp_path / "data", random_documents(rng, 80, 200))
-    gpt = OURS["gpt_dataset"]
-    config = gpt.GPTDatasetConfig(
-        random_seed=7, sequence_length=48, tokenizer=TinyTokenizer(), blend=([prefix], None),
-        split="1", reset_position_ids=False, reset_attention_mask=False, eod_mask_loss=False,
-        path_to_cache=str(tmp_path / "cache"),
-    )  # fmt: skip
-    train, _, _ = (
-        OURS["blended_megatron_dataset_builder"]
-        .BlendedMegatronDatasetBuilder(gpt.GPTDataset, [300, None, None], lambda: True, config)
-        .build()
-    )
+    train = _build_ours(prefix, tmp_path / "cache", 300)
     import tokenmill.datasets.gpt as ours_gpt
 
     calls: list[tuple[int, str]] = []
