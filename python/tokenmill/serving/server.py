@@ -46,6 +46,9 @@ _GATHER_THREADS = threads.default_gather_threads()
 # carry over, or a dataset served once in the main process before its loader starts would serve
 # its workers' batches from private buffers (torch then copies each tensor into a segment of its
 # own and sends each one's descriptor: 0.5x the workers' shared-block rate, benchmarks/SERVING.md).
+# A counter rather than comparing os.getpid() on every buffers() call: getpid is a system call
+# (glibc >= 2.25 stopped caching it); measured 2026-11-28 with timeit, the check costs 0.08 us
+# with the counter and 0.9 us with getpid (load 15), against ~16 us to serve one sample.
 _FORK_GENERATION = 0
 
 
