@@ -12,6 +12,7 @@ import http.client
 import http.server
 import socket
 import threading
+import time
 from collections import deque
 from typing import Any
 
@@ -73,7 +74,8 @@ class FaultProxy:
     ``fail(n)`` answers the next n requests with 503 SlowDown, ``drop(n)`` closes the connection without an answer, ``hang(n)`` (and ``hang_when``, for
     the requests a predicate picks) answers nothing until the client gives up and closes the
     connection: a read timeout decided by the client's clock alone, not by a race between two
-    timers on a loaded machine.
+    timers on a loaded machine. ``trickle_when`` sends the answer to the GETs a predicate picks
+    one body byte every 50 ms: each read succeeds well within any per-read timeout.
     """
 
     def __init__(self, upstream_port: int) -> None:
@@ -84,6 +86,7 @@ class FaultProxy:
         self.faults = 0
         self.log: list[tuple[str, str]] = []  # (method, path with query) of every request
         self.hang_predicate: Any = None
+        self.trickle_predicate: Any = None
         self._closing = threading.Event()
         proxy = self
 
@@ -97,12 +100,20 @@ class FaultProxy:
                     proxy.log.append((self.command, self.path))
                     kind = proxy.plan.popleft() if proxy.plan else "forward"
                     predicate = proxy.hang_predicate
+                    trickling = proxy.trickle_predicate
                     if (
                         kind == "forward"
                         and predicate is not None
                         and predicate(self.command, self.path, self.headers)
                     ):
                         kind = "hang"
+                    if (
+                        kind == "forward"
+                        and self.command == "GET"
+                        and trickling is not None
+                        and trickling(self.command, self.path, self.headers)
+                    ):
+                        kind = "trickle"
                     if kind != "forward":
                         proxy.faults += 1
                 if kind == "fail":
@@ -124,7 +135,7 @@ class FaultProxy:
                 if kind == "hang":
                     self._hang()
                     return
-                self._forward()
+                self._forward(trickle=kind == "trickle")
 
             def _hang(self) -> None:
                 # until the client closes its end (recv gives b"") or the proxy closes
@@ -139,7 +150,7 @@ class FaultProxy:
                     except OSError:
                         return
 
-            def _forward(self) -> None:
+            def _forward(self, trickle: bool = False) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length) if length else None
                 upstream = http.client.HTTPConnection("127.0.0.1", proxy.upstream_port, timeout=30)
@@ -166,8 +177,14 @@ class FaultProxy:
                             length = str(len(payload))
                         self.send_header("Content-Length", length)
                         self.end_headers()
-                        if self.command != "HEAD":
+                        if self.command != "HEAD" and not trickle:
                             self.wfile.write(payload)
+                        for index in range(len(payload) if trickle else 0):
+                            if proxy._closing.is_set():
+                                break
+                            self.wfile.write(payload[index : index + 1])
+                            self.wfile.flush()
+                            time.sleep(0.05)
                     except (BrokenPipeError, ConnectionResetError):
                         pass  # the client gave up (a planned timeout)
                 finally:
@@ -203,6 +220,12 @@ class FaultProxy:
         """Hang every request for which ``predicate(command, path, headers)`` is true."""
         with self.lock:
             self.hang_predicate = predicate
+
+    def trickle_when(self, predicate: Any) -> None:
+        """Trickle the body of every GET for which ``predicate(command, path, headers)`` is
+        true (the whole body, one byte per 50 ms)."""
+        with self.lock:
+            self.trickle_predicate = predicate
 
     def listings(self) -> list[str]:
         """The LIST requests (``GET /<bucket>?list-type=2&...``) seen so far."""

@@ -10,6 +10,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -199,3 +200,36 @@ def test_server_gone_fails_with_a_clear_error(
     message = str(raised.value)
     assert f"{remote_prefix}.bin: GET bytes=" in message
     assert "failed after 5 attempts" in message and "EndpointConnectionError" in message
+
+
+@pytest.mark.parametrize("what", ["object", "undeclared size", "manifest"])
+def test_an_s3_body_that_trickles_fails_at_the_total_deadline(
+    tmp_path: Path, s3_bucket: S3Bucket, proxy: FaultProxy, use_endpoint: Any, what: str
+) -> None:
+    """A body that arrives one byte every 50 ms: every read succeeds within botocore's read
+    timeout and nothing is retried, so only the total deadline (TransferPolicy.deadline, 2 s
+    here) stops it, as it stops an HTTP one (issue #37). The 200-byte object would take 10 s."""
+    import hashlib
+    import json
+
+    from tokenmill.storage.download import download
+    from tokenmill.storage.manifest import Manifest, ManifestObject
+    from tokenmill.storage.transfer import DeadlinePassed, TransferPolicy
+
+    data = bytes(range(200))
+    url = s3_bucket.put("pub/a.bin", data)
+    digest = hashlib.sha256(data).hexdigest()
+    declared = None if what == "undeclared size" else len(data)
+    source: str | Manifest = Manifest((ManifestObject("a.bin", declared, digest, url=url),))
+    if what == "manifest":
+        entry = {"key": "a.bin", "size": len(data), "sha256": digest}
+        text = {"format": "tokenmill.manifest", "version": 1, "objects": [entry], "config": None}
+        source = s3_bucket.put("pub/manifest.json", json.dumps(text).encode())
+    trickled = "/pub/manifest.json" if what == "manifest" else "/pub/a.bin"
+    proxy.trickle_when(lambda command, path, headers: path.split("?")[0].endswith(trickled))
+    use_endpoint(proxy.endpoint)  # type: ignore[operator]
+    with pytest.raises(DeadlinePassed, match=r"(a\.bin|manifest\.json): not complete after 2 s"):
+        download(source, str(tmp_path / "out"), policy=TransferPolicy(deadline=2.0))
+    proxy.trickle_when(None)
+    download(source, str(tmp_path / "out"), policy=TransferPolicy(deadline=2.0))
+    assert (tmp_path / "out" / "a.bin").read_bytes() == data

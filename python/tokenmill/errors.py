@@ -66,3 +66,10 @@ class ResourceLimitError(TokenmillError, OSError):
     resource (descriptors: EMFILE/ENFILE, memory maps or address space: ENOMEM, disk space:
     ENOSPC/EDQUOT), or the filesystem refused a map (EPERM). The file itself is fine; the message names the limit to raise (``ulimit -n``,
     ``vm.max_map_count``). Never taken for a corrupt file, never a reason to rebuild a cache."""
+
+
+class SharedCacheDirectoryError(CacheError):
+    """A cache directory is writable by every user of the machine (mode ``o+w``): another user
+    could plant valid-looking index arrays in it that every rank would then serve. The message
+    names the directory, its mode and owner, and the opt-in
+    (``TOKENMILL_ALLOW_SHARED_CACHE_DIR=1``). See `tokenmill.common.cache_directory`."""

@@ -54,8 +54,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         type=float,
         default=600.0,
         metavar="SECONDS",
-        help="total time an HTTP object may take over all its attempts, plus 1 s per MiB of "
-        "its declared size; 0: no limit (600)",
+        help="total time an HTTP or s3:// object may take over all its requests and attempts, "
+        "plus 1 s per MiB of its size; 0: no limit (600)",
     )
     parser.add_argument(
         "--quiet", "-q", action="store_true", help="no progress bar, per-object or summary lines"

@@ -60,6 +60,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from tokenmill.common.cache_directory import check_cache_directory
 from tokenmill.common.locks import best_effort_lock
 from tokenmill.common.mapping import resource_error
 from tokenmill.common.owner import remove_abandoned
@@ -81,7 +82,7 @@ from tokenmill.index.cache_writes import (
     note_batch_miss,
     write_entry,
 )
-from tokenmill.storage.remote_cache import is_remote_cache
+from tokenmill.storage.remote_cache import is_remote_cache, local_cache_directory
 
 logger = logging.getLogger(__name__)
 
@@ -289,6 +290,18 @@ def _sweep_abandoned(directory: Path, context: BuildContext) -> None:
         logger.debug("cannot sweep %s for abandoned temporary files: %s", directory, error)
 
 
+def _check_directory_once(directory: str) -> None:
+    """Refuse a cache directory every user can write (`common.cache_directory`), with one
+    ``stat`` per build and directory: a blend's entries share it (outside a build: per call)."""
+    context = current_context()
+    if context is not None and directory in context.directories_checked:
+        return
+    check_cache_directory(directory)
+    if context is not None:
+        with context.lock:
+            context.directories_checked.add(directory)
+
+
 @contextlib.contextmanager
 def cache_session(session: CacheSession) -> Iterator[CacheSession]:
     """Make `session` observe (and, with check_only, prevent) every cache write in the block.
@@ -331,7 +344,10 @@ class IndexCache:
     ) -> IndexCache:
         base = f"{description_hash}-{class_name}-{split_name}"
         location = os.fspath(directory)
-        if is_remote_cache(location):
+        remote = is_remote_cache(location)
+        # before anything is fetched into (or read from) it: the node mirror of a remote cache
+        _check_directory_once(local_cache_directory(location) if remote else location)
+        if remote:
             # a manifest or s3:// cache: fetch this entry once per node, then use it locally
             # (an s3:// entry already complete on the node costs no request)
             from tokenmill.storage.remote_cache import fetch_cache_entry

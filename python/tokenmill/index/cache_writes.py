@@ -89,6 +89,8 @@ class BuildContext:
         self.session: Any = None
         # the cache directories whose abandoned temporary files this build has removed
         self.swept: set[str] = set()
+        # the cache directories this build found no other user can write (one stat each)
+        self.directories_checked: set[str] = set()
         self.lock = threading.Lock()
 
     def record_vouched(self, base: str, digest: bytes) -> None:

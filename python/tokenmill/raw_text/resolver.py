@@ -67,6 +67,7 @@ import numpy
 
 from tokenmill.common import distributed
 from tokenmill.common.atomic import fsync_directory, fsync_enabled
+from tokenmill.common.cache_directory import check_cache_directory
 from tokenmill.common.progress import Progress
 from tokenmill.datasets.raw_text import RawTextResolution
 from tokenmill.formats.dataset_sidecar import check_compatible, read_sidecar, sidecar_path
@@ -130,6 +131,8 @@ class RawText:
                     f"blend entry {entries[0]!r} names raw text: its tokens need a cache "
                     "directory shared by all ranks; set path_to_cache or RawText(cache_dir=...)"
                 )
+            # a world-writable path_to_cache would let another user make raw_text/ first
+            check_cache_directory(config.path_to_cache)
             cache_dir = os.path.join(config.path_to_cache, "raw_text")
         prefixes, stats, replacement = tokenize_raw_text(entries, config.tokenizer, cache_dir, self)
         logger.info("%s", stats.summary())
@@ -560,6 +563,8 @@ def tokenize_raw_text(
         RuntimeError: another rank failed (every rank raises).
     """
     options = options or RawText()
+    # committed pieces are reused by key, which anyone can compute: nobody else may write here
+    check_cache_directory(cache_dir, "raw-text cache directory")
     started = time.perf_counter()
     rank, world_size = distributed.get_rank(), distributed.get_world_size()
     stats = RawTextStats(rank=rank, world_size=world_size)

@@ -251,10 +251,26 @@ def _fetch_http_within(
 
 
 def _fetch_s3(url: str, partial: str, size: int | None, policy: TransferPolicy) -> int:
+    """Ranged GETs of `policy.part_bytes` appended to `partial`, all within the object's total
+    deadline (`Deadline.for_object`, the HEAD's size when no manifest declares one): checked
+    before every request and retry, and the socket of a GET in flight is shut down when it
+    passes (a body trickling within botocore's per-read timeout). DeadlinePassed then."""
+    deadline = Deadline.for_object(policy, url, size)
+    try:
+        return _fetch_s3_within(url, partial, size, policy, deadline)
+    finally:
+        deadline.close()
+
+
+def _fetch_s3_within(
+    url: str, partial: str, size: int | None, policy: TransferPolicy, deadline: Deadline
+) -> int:
     client = s3_client()
-    info = client.stat(url)
+    info = client.stat(url, deadline=deadline)
     if size is not None and info.size != size:
         raise ChecksumError(f"{url}: the object has {info.size} bytes but the manifest says {size}")
+    if size is None:
+        deadline.allow_size(info.size)
     have = _partial_size(partial)
     if have > info.size:
         _restart_partial(partial)
@@ -263,7 +279,7 @@ def _fetch_s3(url: str, partial: str, size: int | None, policy: TransferPolicy) 
     with _open_partial(partial) as stream:
         while have < info.size:
             stop = min(info.size, have + policy.part_bytes)
-            data = client.get_range(url, have, stop, if_match=info.etag)
+            data = client.get_range(url, have, stop, if_match=info.etag, deadline=deadline)
             stream.write(data)
             stream.flush()
             have += len(data)

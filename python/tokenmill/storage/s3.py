@@ -50,12 +50,13 @@ import fnmatch
 import functools
 import os
 import random
+import socket
 import threading
 import time
 import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from tokenmill.errors import ObjectChangedError, ObjectStorageError
 
@@ -75,6 +76,21 @@ __all__ = [
 
 SCHEME = "s3://"
 _T = TypeVar("_T")
+
+
+class Deadline(Protocol):
+    """A total deadline over an object's requests (`tokenmill.storage.transfer.Deadline`, which
+    imports this module: a protocol keeps the import one-way)."""
+
+    def check(self, detail: str = "") -> None:
+        """Raise DeadlinePassed (an ObjectStorageError) if it has passed."""
+
+    def remaining(self) -> float | None:
+        """Seconds left (None: no deadline)."""
+
+    def watching(self, sock: socket.socket | None) -> contextlib.AbstractContextManager[None]:
+        """Shut `sock` down if the deadline passes within the block."""
+
 
 # Error codes that mean "slow down" or "try again" whatever the HTTP status says.
 _RETRYABLE_CODES = frozenset(
@@ -278,6 +294,22 @@ def _client_error_details(error: BaseException) -> tuple[str, int] | None:
     return code, status
 
 
+def _socket_of(body: Any) -> socket.socket | None:
+    """The socket a botocore streaming body reads from, or None where there is none to be had
+    (another HTTP stack, a stubbed client). Found through the http.client response under
+    urllib3's (its file's raw socket: the connection drops its own reference when the server
+    says it will close), else urllib3's connection (a kept-alive one)."""
+    raw = getattr(body, "_raw_stream", None)
+    stream = getattr(getattr(getattr(raw, "_fp", None), "fp", None), "raw", None)
+    for sock in (
+        getattr(stream, "_sock", None),
+        getattr(getattr(raw, "connection", None), "sock", None),
+    ):
+        if isinstance(sock, socket.socket):
+            return sock
+    return None
+
+
 def _is_transient(error: BaseException) -> bool:
     """Throttling, 5xx, timeouts, dropped connections, short bodies."""
     if isinstance(error, _ShortBody):
@@ -364,26 +396,37 @@ class S3Client:
                     self._boto_pid = pid
         return self._boto
 
-    def _sleep(self, attempt: int) -> None:
+    def _sleep(self, attempt: int, deadline: Deadline | None = None) -> None:
         with self._lock:
             delay = self.retry.delay(attempt, self._random)
-        time.sleep(delay)
+        remaining = deadline.remaining() if deadline is not None else None
+        time.sleep(delay if remaining is None else max(0.0, min(delay, remaining)))
 
-    def call(self, what: str, url: S3Url, operation: Callable[[Any], _T]) -> _T:
+    def call(
+        self,
+        what: str,
+        url: S3Url,
+        operation: Callable[[Any], _T],
+        deadline: Deadline | None = None,
+    ) -> _T:
         """Run ``operation(boto_client)`` under the retry policy, translating final errors.
 
         The escape hatch for S3 operations this class has no method for (multipart uploads,
-        HEAD with metadata): ``what`` names the operation in errors.
+        HEAD with metadata): ``what`` names the operation in errors. With `deadline` (a
+        `tokenmill.storage.transfer.Deadline`), no attempt starts, and no retry sleeps, past it.
 
         Raises:
             FileNotFoundError: the object does not exist.
             PermissionError: access is denied.
             ObjectChangedError: a conditional request failed (the object changed).
             ObjectStorageError: a permanent error, or the retry budget is spent.
+            DeadlinePassed: `deadline` passed (an ObjectStorageError).
         """
         started = time.monotonic()
         attempt = 0
         while True:
+            if deadline is not None:
+                deadline.check(f" ({what})")
             client = self._client()  # outside the try: a missing boto3 is an ImportError
             try:
                 self.stats.add(requests=1)
@@ -408,6 +451,9 @@ class S3Client:
                 if not _is_transient(error):
                     raise ObjectStorageError(f"{url}: {what} failed: {error}") from error
                 attempt += 1
+                if deadline is not None:  # a cut at the deadline looks like a dropped body
+                    last = f"{type(error).__name__}: {error}"
+                    deadline.check(f" ({what}: {attempt} attempts, last: {last})")
                 if attempt >= self.retry.max_attempts:
                     elapsed = time.monotonic() - started
                     raise ObjectStorageError(
@@ -416,21 +462,24 @@ class S3Client:
                         f"last error: {type(error).__name__}: {error}"
                     ) from error
                 self.stats.add(retries=1)
-                self._sleep(attempt - 1)
+                self._sleep(attempt - 1, deadline)
 
     # -- reading ---------------------------------------------------------------------------
 
-    def stat(self, url: str | S3Url) -> ObjectInfo:
-        """Size and ETag of an object (one HEAD request).
+    def stat(self, url: str | S3Url, *, deadline: Deadline | None = None) -> ObjectInfo:
+        """Size and ETag of an object (one HEAD request; `deadline`: see :meth:`call`).
 
         Raises:
             FileNotFoundError: the object (or bucket) does not exist.
             PermissionError: access is denied.
-            ObjectStorageError: the retry budget was spent.
+            ObjectStorageError: the retry budget was spent, or the deadline passed.
         """
         parsed = _as_url(url).require_key()
         response = self.call(
-            "HEAD", parsed, lambda c: c.head_object(Bucket=parsed.bucket, Key=parsed.key)
+            "HEAD",
+            parsed,
+            lambda c: c.head_object(Bucket=parsed.bucket, Key=parsed.key),
+            deadline,
         )
         return ObjectInfo(str(parsed), int(response["ContentLength"]), str(response["ETag"]))
 
@@ -448,7 +497,13 @@ class S3Client:
         return True
 
     def get_range(
-        self, url: str | S3Url, start: int, stop: int, *, if_match: str | None = None
+        self,
+        url: str | S3Url,
+        start: int,
+        stop: int,
+        *,
+        if_match: str | None = None,
+        deadline: Deadline | None = None,
     ) -> bytes:
         """Bytes ``[start, stop)`` of an object (one ranged GET, retried as a whole).
 
@@ -457,12 +512,15 @@ class S3Client:
             start: first byte.
             stop: one past the last byte; must be > ``start``.
             if_match: an ETag; the read fails with ObjectChangedError if the object has another.
+            deadline: no attempt starts past it (:meth:`call`), and the connection of a body
+                still arriving when it passes is shut down (botocore's read timeout is per
+                read: a body trickling a byte at a time never reaches it).
 
         Raises:
             ValueError: an empty or negative range.
             FileNotFoundError: the object does not exist.
             ObjectChangedError: ``if_match`` no longer matches.
-            ObjectStorageError: the retry budget was spent.
+            ObjectStorageError: the retry budget was spent, or the deadline passed.
         """
         parsed = _as_url(url).require_key()
         if start < 0 or stop <= start:
@@ -478,8 +536,11 @@ class S3Client:
 
         def fetch(client: Any) -> bytes:
             body = client.get_object(**arguments)["Body"]
+            watched = _socket_of(body) if deadline is not None else None
+            cut = deadline.watching(watched) if deadline is not None else contextlib.nullcontext()
             try:
-                data: bytes = body.read()
+                with cut:
+                    data: bytes = body.read()
             finally:
                 body.close()
             self.stats.add(bytes_received=len(data))
@@ -487,7 +548,7 @@ class S3Client:
                 raise _ShortBody(f"got {len(data)} of {expected} bytes")
             return data
 
-        return self.call(f"GET bytes={start}-{stop - 1}", parsed, fetch)
+        return self.call(f"GET bytes={start}-{stop - 1}", parsed, fetch, deadline)
 
     def download(self, url: str | S3Url, local_path: str | os.PathLike[str]) -> ObjectInfo:
         """Copy an object to ``local_path`` atomically (temporary file, then rename).

@@ -27,7 +27,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -72,10 +72,12 @@ class TransferPolicy:
         backoff_max: cap of one sleep, in seconds.
         part_bytes: multipart part size for uploads, and the ranged-read size for S3 downloads.
         timeout: seconds without progress before an HTTP request fails (and is retried).
-        deadline: seconds an HTTP object may take in all, over all its attempts, however
-            steadily its bytes trickle in, plus one second per MiB of its declared size (a
-            1 MiB/s floor for large objects); then it fails. None: no total limit (only
-            `timeout`). A download stopped by it resumes from its partial file when rerun.
+        deadline: seconds an HTTP or ``s3://`` object (a download, a manifest) may take in
+            all, over all its requests and attempts, however steadily its bytes trickle in,
+            plus one second per MiB of its size (declared by the manifest; for an ``s3://``
+            object without one, its HEAD's: a 1 MiB/s floor for large objects); then it fails.
+            None: no total limit (only `timeout`, and for S3 the client's read timeout and
+            retry budget). A download stopped by it resumes from its partial file when rerun.
 
     Raises:
         ValueError: a value out of range (names the field).
@@ -190,7 +192,8 @@ class _ConfinedRedirects(urllib.request.HTTPRedirectHandler):
 
 
 class DeadlinePassed(ObjectStorageError):
-    """An HTTP object did not arrive within its total deadline (TransferPolicy.deadline)."""
+    """An HTTP or ``s3://`` object did not arrive within its total deadline
+    (TransferPolicy.deadline)."""
 
 
 # The deadline's allowance per declared byte: one second per MiB (a 1 MiB/s floor).
@@ -223,6 +226,14 @@ class Deadline:
             return cls(None, what)
         return cls(policy.deadline + (size or 0) * DEADLINE_SECONDS_PER_BYTE, what)
 
+    def allow_size(self, size: int) -> None:
+        """Add the allowance of `size` bytes, learnt after the deadline started (an ``s3://``
+        object's HEAD, when no manifest declared its size)."""
+        if self.seconds is not None and self._at is not None:
+            extra = size * DEADLINE_SECONDS_PER_BYTE
+            self.seconds += extra
+            self._at += extra
+
     def remaining(self) -> float | None:
         return None if self._at is None else self._at - time.monotonic()
 
@@ -236,16 +247,30 @@ class Deadline:
                 f"(TransferPolicy.deadline, download --deadline){detail}; stopped"
             )
 
-    def watch(self, sock: socket.socket) -> None:
-        """Shut `sock` down when the deadline passes (at once if it has)."""
+    def watch(self, sock: socket.socket) -> threading.Timer | None:
+        """Shut `sock` down when the deadline passes (at once if it has); the timer, if any."""
         remaining = self.remaining()
         if remaining is None:
-            return
+            return None
         timer = threading.Timer(max(0.0, remaining), self._cut, (sock,))
         timer.daemon = True
         with self._lock:
             self._timers.append(timer)
         timer.start()
+        return timer
+
+    @contextlib.contextmanager
+    def watching(self, sock: socket.socket | None) -> Iterator[None]:
+        """Shut `sock` down if the deadline passes within the block: one exchange on a pooled
+        connection (an S3 GET), which must not be cut once it is back in the pool."""
+        timer = self.watch(sock) if sock is not None else None
+        try:
+            yield
+        finally:
+            if timer is not None:
+                timer.cancel()
+                with self._lock, contextlib.suppress(ValueError):
+                    self._timers.remove(timer)
 
     def _cut(self, sock: socket.socket) -> None:
         self.passed = True
@@ -364,10 +389,14 @@ def read_location(
     )
     if is_s3_location(location):
         client = s3_client()
-        size = client.stat(location).size
-        if size > limit:
-            raise too_long
-        return bytes(client.get_range(location, 0, size)) if size else b""
+        deadline = Deadline.for_object(policy, location)
+        try:
+            size = client.stat(location, deadline=deadline).size
+            if size > limit:
+                raise too_long
+            return bytes(client.get_range(location, 0, size, deadline=deadline)) if size else b""
+        finally:
+            deadline.close()
     if is_http_location(location):
         deadline = Deadline.for_object(policy, location)
         try:
