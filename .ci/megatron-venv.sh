@@ -3,10 +3,16 @@
 # mirror's source tree: ${TOKENMILL_MATRIX_VENVS:-/work/venvs}/mcore-<version>.
 megatron_mirror="${TOKENMILL_MEGATRON_MIRROR:-/work/.mirror/NVIDIA+Megatron-LM/repo}"
 
-megatron_branch() {  # the Megatron-LM branch a version's tests and training code come from
+megatron_branch() {  # the Megatron-LM ref a version's tests and training code come from
+  # the release's own tag when the mirror has it (core_r0.17.0 is already past 0.17.1, and its
+  # megatron/training imports modules the 0.17.0 wheel lacks), else the release branch
   case "$1" in
     main) echo main ;;
-    *) echo "core_r$(echo "$1" | cut -d. -f1-2).0" ;;
+    *) if git --git-dir="$megatron_mirror" rev-parse -q --verify "refs/tags/core_v$1" >/dev/null; then
+         echo "core_v$1"
+       else
+         echo "core_r$(echo "$1" | cut -d. -f1-2).0"
+       fi ;;
   esac
 }
 

@@ -815,6 +815,7 @@ def test_multimodal_add_document_without_modes(tmp_path: Path) -> None:
     TypeError): tokenmill gives every sequence mode 0, as main does."""
     builder = IndexedDatasetBuilder(str(tmp_path / "mm.bin"), dtype=np.uint16, multimodal=True)
     builder.add_document([1, 2, 3, 4], [1, 3])
+    assert builder.sequence_modes == [0, 0]  # main's test_builder compares the builder's list
     builder.finalize(str(tmp_path / "mm.idx"))
     assert IndexedDataset(str(tmp_path / "mm"), multimodal=True).sequence_modes.tolist() == [0, 0]
     theirs = THEIRS["indexed_dataset"].IndexedDatasetBuilder(
@@ -823,6 +824,34 @@ def test_multimodal_add_document_without_modes(tmp_path: Path) -> None:
     with pytest.raises(TypeError):
         theirs.add_document([1, 2, 3, 4], [1, 3])
     theirs.data_file.close()
+
+
+def test_builder_attributes_read_as_megatrons_lists(tmp_path: Path) -> None:
+    """megatron-core's builder keeps `sequence_lengths`, `document_indices` and `sequence_modes`
+    as lists, which Megatron-LM's tests (main's test_builder.py) compare with lists: tokenmill's
+    compare, index, slice and grow as those lists do."""
+    names = ("sequence_lengths", "document_indices", "sequence_modes")
+    theirs = THEIRS["indexed_dataset"].IndexedDatasetBuilder(
+        str(tmp_path / "m.bin"), dtype=np.int32, multimodal=True
+    )
+    ours = IndexedDatasetBuilder(str(tmp_path / "t.bin"), dtype=np.int32, multimodal=True)
+    held = {name: getattr(ours, name) for name in names}
+    for builder in (theirs, ours):
+        builder.add_item(torch.tensor([1, 2, 3]), mode=1)
+        builder.end_document()
+        builder.add_document(np.array([4, 5, 6, 7, 8]), [3, 2], modes=[0, 2])
+    for name in names:
+        megatron_list, ours_values = getattr(theirs, name), getattr(ours, name)
+        assert type(megatron_list) is list
+        assert ours_values == megatron_list and megatron_list == ours_values
+        assert held[name] == megatron_list  # read before the additions: live, as the list is
+        assert list(ours_values) == megatron_list and len(ours_values) == len(megatron_list)
+        assert ours_values[-1] == megatron_list[-1] and ours_values[1:] == megatron_list[1:]
+        assert ours_values != megatron_list[:-1] and ours_values != tuple(megatron_list)
+        assert np.asarray(ours_values).tolist() == megatron_list
+    assert ours.sequence_lengths == [3, 3, 2] and ours.sequence_modes == [1, 0, 2]
+    theirs.finalize(str(tmp_path / "m.idx"))
+    ours.finalize(str(tmp_path / "t.idx"))
 
 
 # -- deliberate differences -----------------------------------------------------------------

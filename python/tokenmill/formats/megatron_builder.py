@@ -110,6 +110,53 @@ class _GrowableArray:
         return self._data[: self._size]
 
 
+class RecordedValues(Sequence[int]):
+    """What a builder has recorded so far (lengths, boundaries or modes), read as megatron-core's
+    builder attributes read, which are Python lists: ints by index, lists by slice, ``len``, and
+    ``==`` with a list (``[3, 2] == builder.sequence_lengths``). Live, as megatron's list is:
+    later additions show. Read-only; ``numpy.asarray`` gives the values as an array."""
+
+    __slots__ = ("_values",)
+    __hash__ = None  # type: ignore[assignment]  # compares by value, as a list does
+
+    def __init__(self, values: _GrowableArray) -> None:
+        self._values = values
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    @overload
+    def __getitem__(self, index: int) -> int: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[int]: ...
+
+    def __getitem__(self, index: int | slice) -> int | list[int]:
+        if isinstance(index, slice):
+            return list(self._values.view()[index].tolist())
+        return int(self._values.view()[index])
+
+    def __iter__(self) -> Any:
+        return iter(self._values.view().tolist())
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, RecordedValues):
+            return bool(numpy.array_equal(self._values.view(), other._values.view()))
+        if isinstance(other, list):
+            return self.tolist() == other
+        return NotImplemented
+
+    def __array__(self, dtype: Any = None, copy: bool | None = None) -> npt.NDArray[Any]:
+        values = self._values.view()
+        return numpy.array(values, dtype=dtype) if copy else numpy.asarray(values, dtype=dtype)
+
+    def tolist(self) -> list[int]:
+        return list(self._values.view().tolist())
+
+    def __repr__(self) -> str:
+        return repr(self.tolist())
+
+
 def _as_flat_array(values: Any) -> npt.NDArray[Any]:
     # generators become lists first; numpy would otherwise wrap them in a 0-d object array
     if not hasattr(values, "__len__") and not hasattr(values, "__array__"):
@@ -241,19 +288,19 @@ class IndexedDatasetBuilder:
     # --- properties mirroring megatron's public attributes -------------------------------------
 
     @property
-    def sequence_lengths(self) -> npt.NDArray[numpy.int32]:
-        """The lengths added so far (a view; do not modify)."""
-        return self._sequence_lengths.view()
+    def sequence_lengths(self) -> RecordedValues:
+        """The lengths added so far (megatron's list: read-only here)."""
+        return RecordedValues(self._sequence_lengths)
 
     @property
-    def document_indices(self) -> npt.NDArray[numpy.int64]:
-        """The document boundaries so far, starting with 0 (a view; do not modify)."""
-        return self._document_indices.view()
+    def document_indices(self) -> RecordedValues:
+        """The document boundaries so far, starting with 0 (megatron's list: read-only here)."""
+        return RecordedValues(self._document_indices)
 
     @property
-    def sequence_modes(self) -> npt.NDArray[numpy.int8] | None:
-        """The modes added so far, or None when not multimodal (a view; do not modify)."""
-        return None if self._sequence_modes is None else self._sequence_modes.view()
+    def sequence_modes(self) -> RecordedValues | None:
+        """The modes added so far, or None when not multimodal (megatron's list: read-only here)."""
+        return None if self._sequence_modes is None else RecordedValues(self._sequence_modes)
 
     # --- writing ---------------------------------------------------------------------------------
 
