@@ -942,6 +942,36 @@ class _NoHooks:
     """A subclass body that overrides nothing."""
 
 
+def _storage_layout(sample: dict[str, Any]) -> tuple[Any, ...]:
+    """Bytes of the tokens' and labels' storages, and, when they share one, the labels' offset
+    from the tokens in it."""
+    tokens, labels = sample["tokens"], sample["labels"]
+    shared = tokens.untyped_storage().data_ptr() == labels.untyped_storage().data_ptr()
+    return (
+        tokens.untyped_storage().nbytes(),
+        labels.untyped_storage().nbytes(),
+        labels.data_ptr() - tokens.data_ptr() if shared else None,
+    )
+
+
+@pytest.mark.parametrize("extra_token", [True, False])
+def test_a_samples_tokens_and_labels_are_laid_out_as_megatrons(
+    tmp_path: Path, extra_token: bool
+) -> None:
+    """With the extra token (megatron's default) megatron-core's tokens and labels are the views
+    `text[:-1]` and `text[1:]` of one S + 1 tensor: a kept sample holds one buffer, not two.
+    tokenmill's samples are laid out the same way (what a kept sample costs:
+    benchmarks/bench_attention_mask.py); without the extra token both return two tensors."""
+    ours, theirs = _pair(
+        _NoHooks, tmp_path, num_samples=20, add_extra_token_to_sequence=extra_token
+    )
+    for idx in (0, 7, None):
+        mine, reference = ours[idx], theirs[idx]
+        assert_same_sample(mine, reference, f"sample {idx}")
+        assert _storage_layout(mine) == _storage_layout(reference), idx
+    assert (_storage_layout(ours[3])[2] is not None) == extra_token
+
+
 def test_samples_from_a_split_without_tokens_raise(tmp_path: Path) -> None:
     """megatron-core loops forever when samples are requested from a split with no tokens
     (its epoch loop adds 0 tokens per epoch); tokenmill raises ValueError. With num_samples=None
