@@ -1,8 +1,13 @@
-"""tokenmill.megatron against megatron-core 0.19.2: names, signatures, helpers, subclass hooks,
-accepted inputs, and each deliberate difference (the table in docs/megatron.md) shown to be the only one.
+"""tokenmill.megatron against the installed megatron-core (0.19.2 in the main suite; every release
+in .ci/megatron-matrix, 0.16.1 in .ci/run's version stage): names, signatures, helpers, subclass
+hooks, accepted inputs, and each deliberate difference (the table in docs/megatron.md) shown to
+be the only one.
 
 Everything here runs in this process next to megatron-core, without `patch_megatron()` (which is
-process-global; test_megatron_patch.py runs megatron's own code on tokenmill in subprocesses).
+process-global; test_megatron_patch.py runs megatron's own code on tokenmill in subprocesses);
+tokenmill follows the installed release as the patch would make it (`_follow_installed`), so a
+subclass overriding a hook as that release defines it (`_query_document_sample_shuffle_indices`
+returns 2 values before 0.19, 3 from 0.19) is compared with the same subclass on stock.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ import os
 import sys
 import types
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -38,6 +43,7 @@ with warnings.catch_warnings():
     import_oracle("megatron.core.datasets.gpt_dataset")
 
 import tokenmill
+from tokenmill.common import megatron_version
 from tokenmill.datasets.gpt import GPTDataset, GPTDatasetConfig
 from tokenmill.datasets.utils import Split
 from tokenmill.formats.megatron import IndexedDataset, IndexedDatasetBuilder
@@ -45,6 +51,15 @@ from tokenmill.megatron import MODULES
 
 THEIRS = {name: importlib.import_module(f"megatron.core.datasets.{name}") for name in MODULES}
 OURS = {name: importlib.import_module(f"tokenmill.megatron.{name}") for name in MODULES}
+
+
+@pytest.fixture(autouse=True)
+def _follow_installed() -> Iterator[None]:
+    """What `patch_megatron()` does at patch time: follow the installed megatron-core."""
+    megatron_version.follow_installed()
+    yield
+    megatron_version._followed = None
+
 
 # Names megatron's modules import from the rest of megatron-core (they stay megatron-core's and
 # are not part of these modules' own interface) or from the standard library and typing.
@@ -549,21 +564,31 @@ def _same_everywhere(ours: Any, theirs: Any, rng_seed: int = 0) -> None:
     assert_same_sample(default_collate(fetched), expected, "batch")
 
 
+def _of_the_installed_release(queried: Any) -> tuple[Any, ...]:
+    """What the parent's `_query_document_sample_shuffle_indices` returned, checked to have the
+    installed release's arity: (text, document_ids) before 0.19, (text, document_ids,
+    document_lengths) from 0.19 (on either library's class: the subclass body is the same)."""
+    assert len(queried) == (3 if megatron_version.query_returns_lengths() else 2)
+    return tuple(queried)
+
+
 class ReversedTokens:
     """An in-house dataset that rewrites each sample's tokens (like Megatron-LM's FIM dataset):
-    overrides `_query_document_sample_shuffle_indices`."""
+    overrides `_query_document_sample_shuffle_indices` as the installed release defines it."""
 
     def _query_document_sample_shuffle_indices(self, idx: int) -> Any:
-        text, document_ids, lengths = super()._query_document_sample_shuffle_indices(idx)  # type: ignore[misc]
-        return text[::-1].copy(), document_ids, lengths
+        queried = super()._query_document_sample_shuffle_indices(idx)  # type: ignore[misc]
+        text, *rest = _of_the_installed_release(queried)
+        return (text[::-1].copy(), *rest)
 
 
 class ShortText:
     """Returns fewer tokens than S + 1 (megatron's masks follow the text's length)."""
 
     def _query_document_sample_shuffle_indices(self, idx: int) -> Any:
-        text, document_ids, lengths = super()._query_document_sample_shuffle_indices(idx)  # type: ignore[misc]
-        return text[: len(text) - 5].astype(np.int32), document_ids, lengths
+        queried = super()._query_document_sample_shuffle_indices(idx)  # type: ignore[misc]
+        text, *rest = _of_the_installed_release(queried)
+        return (text[: len(text) - 5].astype(np.int32), *rest)
 
 
 class ExtraKey:
@@ -944,6 +969,36 @@ def test_samples_share_only_an_unwritten_causal_mask(tmp_path: Path) -> None:
 
 class _NoHooks:
     """A subclass body that overrides nothing."""
+
+
+def _storage_layout(sample: dict[str, Any]) -> tuple[Any, ...]:
+    """Bytes of the tokens' and labels' storages, and, when they share one, the labels' offset
+    from the tokens in it."""
+    tokens, labels = sample["tokens"], sample["labels"]
+    shared = tokens.untyped_storage().data_ptr() == labels.untyped_storage().data_ptr()
+    return (
+        tokens.untyped_storage().nbytes(),
+        labels.untyped_storage().nbytes(),
+        labels.data_ptr() - tokens.data_ptr() if shared else None,
+    )
+
+
+@pytest.mark.parametrize("extra_token", [True, False])
+def test_a_samples_tokens_and_labels_are_laid_out_as_megatrons(
+    tmp_path: Path, extra_token: bool
+) -> None:
+    """With the extra token (megatron's default) megatron-core's tokens and labels are the views
+    `text[:-1]` and `text[1:]` of one S + 1 tensor: a kept sample holds one buffer, not two.
+    tokenmill's samples are laid out the same way (what a kept sample costs:
+    benchmarks/bench_attention_mask.py); without the extra token both return two tensors."""
+    ours, theirs = _pair(
+        _NoHooks, tmp_path, num_samples=20, add_extra_token_to_sequence=extra_token
+    )
+    for idx in (0, 7, None):
+        mine, reference = ours[idx], theirs[idx]
+        assert_same_sample(mine, reference, f"sample {idx}")
+        assert _storage_layout(mine) == _storage_layout(reference), idx
+    assert (_storage_layout(ours[3])[2] is not None) == extra_token
 
 
 def test_samples_from_a_split_without_tokens_raise(tmp_path: Path) -> None:

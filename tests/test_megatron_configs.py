@@ -1,4 +1,4 @@
-"""Every config path of BlendedMegatronDatasetBuilder against megatron-core 0.19.2.
+"""Every config path of BlendedMegatronDatasetBuilder against the installed megatron-core.
 
 Cases come from a covering design (tests/covering.py): every pair of settings of the form of the
 blend (one prefix, weighted or unweighted blends, blend_per_split with any mix of single,
@@ -20,13 +20,25 @@ same way.
 
 The run prints the pairs its compared cases reached (refusals and empty results counted apart);
 TOKENMILL_DIFFERENTIAL=nightly runs three designs (its report: tests/reports/).
+
+Per release: the file runs in each supported megatron-core's venv (0.19.2 in the main suite,
+0.16.1 in .ci/run's version stage, every release in .ci/megatron-matrix), tokenmill following
+the installed release as `patch_megatron()` makes it. A drawn flag the installed release's
+GPTDatasetConfig does not have (`inter_document_masking` before 0.19) is left out of both
+libraries' configs (and recorded as its default). megatron-core 0.16 and 0.17's BlendedDataset
+asks `torch.distributed.get_rank()` on a cache miss, so there the cases run in a one-rank gloo
+process group, as a Megatron-LM job does (without one, stock raises and tokenmill builds: the
+documented difference, tests/test_megatron_versions.py).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import importlib.metadata
 import json
 import shutil
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -50,10 +62,39 @@ with warnings.catch_warnings():
     megatron_builder = import_oracle("megatron.core.datasets.blended_megatron_dataset_builder")
     megatron_gpt = import_oracle("megatron.core.datasets.gpt_dataset")
 
+from tokenmill.common import megatron_version
 from tokenmill.datasets.builder import BlendedMegatronDatasetBuilder
 from tokenmill.datasets.gpt import GPTDataset, GPTDatasetConfig, MockGPTDataset
 from tokenmill.datasets.utils import parse_and_normalize_split
 from tokenmill.megatron.indexed_dataset import _IndexReader
+
+INSTALLED = megatron_version._parse(importlib.metadata.version("megatron-core"))
+# The fields of the installed release's GPTDatasetConfig: a drawn flag it lacks is left out.
+MEGATRON_FIELDS = frozenset(item.name for item in dataclasses.fields(megatron_gpt.GPTDatasetConfig))
+# megatron-core 0.16 and 0.17's BlendedDataset call torch.distributed.get_rank() on a cache miss
+# (0.18 asks is_initialized() first).
+NEEDS_PROCESS_GROUP = INSTALLED is not None and INSTALLED < (0, 18)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _as_a_megatron_job(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """tokenmill follows the installed release (what `patch_megatron()` does at patch time; the
+    patch itself would make the oracle's modules tokenmill's), and on 0.16 and 0.17 both run in
+    a one-rank gloo process group."""
+    megatron_version.follow_installed()
+    group = NEEDS_PROCESS_GROUP and not torch.distributed.is_initialized()
+    if group:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            store = tmp_path_factory.mktemp("process-group") / "store"
+            torch.distributed.init_process_group(
+                "gloo", init_method=f"file://{store}", rank=0, world_size=1
+            )
+    yield
+    if group:
+        torch.distributed.destroy_process_group()
+    megatron_version._followed = None
+
 
 FLAGS = (
     "reset_position_ids",
@@ -139,7 +180,10 @@ class Case:
             special={"eos_token": 7, "pad_token": 3} if drawn["special_tokens_dict"] else None,
             eos=7 if drawn["eos"] else None,
         )
-        flags = {name: drawn[name] for name in FLAGS}
+        # flags of the installed release only; what was run is recorded (an absent flag at its
+        # default, False), so the coverage report counts only the pairs this release reached
+        flags = {name: drawn[name] for name in FLAGS if name in MEGATRON_FIELDS}
+        self.recorded = {**drawn, **{name: False for name in FLAGS if name not in flags}}
         self.fields: dict[str, Any] = {
             "random_seed": int(rng.integers(0, 2**32)),
             "sequence_length": drawn["sequence_length"],
@@ -333,7 +377,7 @@ def test_config_paths_match_megatron(tmp_path: Path, case: int) -> None:
         _, theirs = run_both(drawn, "build")
         if theirs is not None:
             break
-        CONFIG_COVERAGE.record(case, drawn.drawn, "refused", draw)
+        CONFIG_COVERAGE.record(case, drawn.recorded, "refused", draw)
     else:
         return
     tmp_path = drawn.tmp_path
@@ -361,7 +405,7 @@ def test_config_paths_match_megatron(tmp_path: Path, case: int) -> None:
         assert our_error is None, f"{where}: tokenmill raised {our_error!r}"
         compare_results(ours_fast, theirs_fast, drawn.rng, where)
     outcome = "empty" if all_empty(theirs) else "compared"
-    CONFIG_COVERAGE.record(case, drawn.drawn, outcome, draw)
+    CONFIG_COVERAGE.record(case, drawn.recorded, outcome, draw)
 
 
 @pytest.mark.parametrize("case", REFUSAL_CASES)

@@ -20,7 +20,7 @@ from tokenmill.common import megatron_version
 from tokenmill.megatron import MODULES
 
 from conftest import TinyTokenizer, random_documents, write_megatron_shard
-from megatron_compare import assert_same_sample
+from megatron_compare import assert_same_sample, cache_files
 
 pytestmark = pytest.mark.megatron
 
@@ -28,7 +28,7 @@ with warnings.catch_warnings():  # megatron-core's imports warn about torch depr
     warnings.simplefilter("ignore")
     THEIRS = {
         name: importlib.import_module(f"megatron.core.datasets.{name}")
-        for name in ("gpt_dataset", "indexed_dataset", "utils")
+        for name in ("gpt_dataset", "indexed_dataset", "utils", "blended_megatron_dataset_builder")
     }
 OURS = {name: importlib.import_module(f"tokenmill.megatron.{name}") for name in MODULES}
 INSTALLED = tuple(int(part) for part in importlib.metadata.version("megatron-core").split(".")[:2])
@@ -90,6 +90,52 @@ def test_a_subclass_of_the_installed_release_behaves_as_on_stock(
     assert sorted(p.name for p in (tmp_path / "m").iterdir()) == sorted(
         p.name for p in (tmp_path / "t").iterdir() if not p.name.endswith(".json")
     )
+
+
+def test_a_blend_cache_miss_without_a_process_group(tmp_path: Path) -> None:
+    """megatron-core 0.16 and 0.17's BlendedDataset calls `torch.distributed.get_rank()` on a
+    cache miss, which raises without a process group (0.18 asks `is_initialized()` first).
+    tokenmill builds there on every release (docs/megatron.md, "Versions"); stock 0.16 / 0.17
+    then reads tokenmill's cache (a hit asks no rank) and serves the same samples, and from 0.18
+    stock builds the same cache files itself."""
+    import torch
+
+    assert not torch.distributed.is_initialized()
+    rng = np.random.default_rng(12)
+    prefixes = [
+        write_megatron_shard(tmp_path / f"shard{n}", random_documents(rng, 40, 90)) for n in (0, 1)
+    ]
+    fields = {
+        "random_seed": 9, "sequence_length": 16, "tokenizer": TinyTokenizer(),
+        "blend": (prefixes, [0.3, 0.7]), "split": "8,2,0", "reset_position_ids": False,
+        "reset_attention_mask": False, "eod_mask_loss": False, "create_attention_mask": False,
+    }  # fmt: skip
+    sizes = [120, 30, 0]
+    ours = tokenmill.BlendedMegatronDatasetBuilder(
+        OURS["gpt_dataset"].GPTDataset, sizes, lambda: True,
+        OURS["gpt_dataset"].GPTDatasetConfig(path_to_cache=str(tmp_path / "t"), **fields),
+    ).build()  # fmt: skip
+
+    def stock(cache: Path) -> Any:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return THEIRS["blended_megatron_dataset_builder"].BlendedMegatronDatasetBuilder(
+                THEIRS["gpt_dataset"].GPTDataset, sizes, lambda: True,
+                THEIRS["gpt_dataset"].GPTDatasetConfig(path_to_cache=str(cache), **fields),
+            ).build()  # fmt: skip
+
+    if INSTALLED < (0, 18):
+        with pytest.raises(ValueError, match="process group"):
+            stock(tmp_path / "m")
+        theirs = stock(tmp_path / "t")  # tokenmill's cache: a hit on every entry
+    else:
+        theirs = stock(tmp_path / "m")
+        assert cache_files(tmp_path / "m") == cache_files(tmp_path / "t")
+    for mine, reference in zip(ours[:2], theirs[:2]):
+        assert type(mine).__name__ == type(reference).__name__ == "BlendedDataset"
+        assert len(mine) == len(reference)
+        for idx in range(len(reference)):
+            assert_same_sample(mine[idx], reference[idx], f"sample {idx}")
 
 
 def test_mains_varlen_sbhd_validation_excludes_hybrid_context_parallel() -> None:

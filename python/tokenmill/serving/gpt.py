@@ -180,6 +180,10 @@ class GptSampleServer(BatchServer):
         super().__init__(layout)
         self.layout: GptBatchLayout = layout
         self.plain_position_ids = not reset_position_ids
+        # with the extra token, a single sample's tokens and labels are the two overlapping
+        # views of its S + 1 tokens, as megatron-core returns them (text[:-1], text[1:]): one
+        # buffer per kept sample, not two
+        self.labels_view_the_text = extra_token == 1
         self.gatherer = _core.Gatherer(
             np.ascontiguousarray(shuffle_index),
             np.ascontiguousarray(sample_index),
@@ -202,8 +206,13 @@ class GptSampleServer(BatchServer):
         layout = self.layout
         length = layout.sequence_length
         empty = np.empty
-        tokens = empty(length, layout.token_dtype)
-        labels = empty(length, layout.token_dtype)
+        text = None
+        if self.labels_view_the_text:
+            text = empty(length + 1, layout.token_dtype)
+            tokens, labels = text[:-1], text[1:]
+        else:
+            tokens = empty(length, layout.token_dtype)
+            labels = empty(length, layout.token_dtype)
         loss_mask = empty(length, np.float32)
         position_ids = empty(length, np.int64)
         cu_seqlens = max_seqlen = starts = None
@@ -228,7 +237,11 @@ class GptSampleServer(BatchServer):
         from_numpy = self.torch.from_numpy
         if idx is None:
             loss_mask[:] = 0.0
-        result = {"tokens": from_numpy(tokens), "labels": from_numpy(labels)}
+        if text is None:
+            result = {"tokens": from_numpy(tokens), "labels": from_numpy(labels)}
+        else:
+            whole = from_numpy(text)
+            result = {"tokens": whole[:-1], "labels": whole[1:]}
         if cu_seqlens is not None and max_seqlen is not None:
             result["loss_mask"] = from_numpy(loss_mask)
             result["position_ids"] = from_numpy(position_ids)
