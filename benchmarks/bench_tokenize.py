@@ -237,6 +237,19 @@ def run_row(
     return row
 
 
+def hf_tokenizer_directory(work: Path, hf_json: Path) -> Path:
+    """What Megatron's ``--tokenizer-type HuggingFaceTokenizer --tokenizer-model DIR`` loads
+    (transformers' AutoTokenizer, no hub): the tokenizer.json and a tokenizer_config.json."""
+    tokenizer_dir = work / "gpt2-hf-tokenizer"
+    tokenizer_dir.mkdir(exist_ok=True)
+    shutil.copyfile(hf_json, tokenizer_dir / "tokenizer.json")
+    special = "<|endoftext|>"
+    config = {"tokenizer_class": "GPT2TokenizerFast", "model_max_length": 10**9}
+    config |= {"eos_token": special, "bos_token": special, "unk_token": special}
+    (tokenizer_dir / "tokenizer_config.json").write_text(json.dumps(config), encoding="utf-8")
+    return tokenizer_dir
+
+
 def run_megatron(
     args: argparse.Namespace, threads: int, corpus: Path, hf_json: Path, ranks: Path
 ) -> dict[str, float] | str:
@@ -252,13 +265,7 @@ def run_megatron(
     script = args.megatron_lm / "tools" / "preprocess_data.py"
     if not script.exists():
         return f"not run: {script} does not exist"
-    tokenizer_dir = args.work_dir / "gpt2-hf-tokenizer"
-    tokenizer_dir.mkdir(exist_ok=True)
-    shutil.copyfile(hf_json, tokenizer_dir / "tokenizer.json")
-    special = "<|endoftext|>"
-    config = {"tokenizer_class": "GPT2TokenizerFast", "model_max_length": 10**9}
-    config |= {"eos_token": special, "bos_token": special, "unk_token": special}
-    (tokenizer_dir / "tokenizer_config.json").write_text(json.dumps(config), encoding="utf-8")
+    tokenizer_dir = hf_tokenizer_directory(args.work_dir, hf_json)
     prefix = args.work_dir / "megatron-lm-out"
     command = [
         args.megatron_python or sys.executable, "-c",

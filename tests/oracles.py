@@ -63,6 +63,9 @@ ORACLES: dict[str, Oracle] = {
             ("gigatoken", "tokenizers", "tiktoken"),
             ("gigatoken", "tokenizers", "tiktoken"),
         ),
+        # Megatron's --tokenizer-type HuggingFaceTokenizer is transformers' AutoTokenizer
+        Oracle("transformers", "pip install 'transformers>=4.40'", ("transformers",),
+               ("transformers",)),
         Oracle("strace", "apt-get install strace", (), ()),
     )
 }  # fmt: skip

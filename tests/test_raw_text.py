@@ -35,6 +35,8 @@ from tokenmill.raw_text import RawText
 from tokenmill.raw_text import resolver as resolver_module
 from tokenmill.tokenize import TokenizeConfig, load_tokenizer, tokenize
 
+from oracles import require
+
 ENTRY_KINDS = ["jsonl", "zst", "parquet", "directory", "glob"]
 
 
@@ -331,110 +333,84 @@ def test_a_killed_launch_resumes_the_remaining_pieces(
     assert not any(Path(job["raw_cache"], "tmp").iterdir()), "a killed launch's leftovers stay"
 
 
-MEGATRON_SCRIPT = r'''
-import hashlib, json, os, sys
+def hf_tokenizer_directory(directory: Path) -> Path:
+    """A local HuggingFace tokenizer directory, as transformers saves one (tokenizer.json,
+    tokenizer_config.json, ...), over the BPE trained here: what --tokenizer-model names."""
+    from transformers import PreTrainedTokenizerFast
 
-import tokenmill
-
-tokenmill.patch_megatron()
-import torch
-from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
-from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
-from megatron.core.datasets.utils import get_blend_from_list
-from tokenizers import Tokenizer
-
-from tokenmill.tokenize import TokenizeConfig, TokenizerSpec, tokenize
-
-
-class _HFTokenizerModel:
-    """transformers' tokenizer as Megatron-LM's _HuggingFaceTokenizer holds it (`_tokenizer`):
-    name_or_path, __call__(text).input_ids, eos_token_id (transformers is not installed here)."""
-
-    def __init__(self, directory):
-        self.name_or_path = directory
-        self.backend = Tokenizer.from_file(os.path.join(directory, "tokenizer.json"))
-        self.eos_token_id = self.backend.token_to_id("<|endoftext|>")
-
-    def __call__(self, text):
-        class Encoding:
-            input_ids = self.backend.encode(text).ids
-        return Encoding()
-
-
-class HuggingFaceTokenizer:
-    """The attributes of Megatron-LM's --tokenizer-type HuggingFaceTokenizer."""
-
-    def __init__(self, tokenizer_model):
-        self._tokenizer = _HFTokenizerModel(tokenizer_model)
-        self.vocab_size = self._tokenizer.backend.get_vocab_size()
-        self.eod = self._tokenizer.eos_token_id
-        self.unique_identifiers = {"class": "HuggingFaceTokenizer", "model": tokenizer_model}
-
-    def tokenize(self, text):
-        return self._tokenizer(text).input_ids
-
-
-def batches(data_path, tokenizer, cache):
-    # what pretrain_gpt.py does: get_blend_and_blend_per_split -> core_gpt_dataset_config_from_args
-    blend = get_blend_from_list(data_path)
-    config = GPTDatasetConfig(
-        random_seed=1234, sequence_length=32, blend=blend, split="90,10,0",
-        path_to_cache=cache, tokenizer=tokenizer, reset_position_ids=False,
-        reset_attention_mask=False, eod_mask_loss=False, create_attention_mask=True,
-        mmap_bin_files=True,
+    train_bpe(directory / "trained.json")
+    saved = PreTrainedTokenizerFast(
+        tokenizer_file=str(directory / "trained.json"), eos_token="<|endoftext|>"
     )
-    train, valid, _ = BlendedMegatronDatasetBuilder(
-        GPTDataset, [64, 16, 0], lambda: True, config
-    ).build()
-    digest = hashlib.sha256()
-    for dataset in (train, valid):
-        for batch in torch.utils.data.DataLoader(dataset, batch_size=4, shuffle=False):
-            for name in sorted(batch):
-                digest.update(batch[name].numpy().tobytes())
-    return type(blend[0][1]).__name__, digest.hexdigest()
+    saved.save_pretrained(str(directory / "hf"))
+    return directory / "hf"
 
 
-files, tokenizer_dir, root = sys.argv[1].split(","), sys.argv[2], sys.argv[3]
-tokenizer = HuggingFaceTokenizer(tokenizer_dir)
-prefixes = []
-for number, path in enumerate(files):  # preprocessing with tokenmill first
-    prefix = os.path.join(root, f"pre{number}")
-    tokenize(TokenizeConfig(inputs=(path,), output_prefix=prefix, progress=False,
-             tokenizer=TokenizerSpec.parse(os.path.join(tokenizer_dir, "tokenizer.json"))))
-    prefixes.append(prefix)
-offline = batches(["30", prefixes[0], "70", prefixes[1]], tokenizer, os.path.join(root, "c1"))
-raw = batches(["30", files[0], "70", files[1]], tokenizer, os.path.join(root, "c2"))
-again = batches(["30", files[0], "70", files[1]], tokenizer, os.path.join(root, "c2"))
-print(json.dumps({"offline": offline, "raw": raw, "again": again}))
-'''
-
-
-def test_megatron_data_path_naming_jsonl_gives_the_batches_of_preprocessing_first(
-    tmp_path: Path, bpe: str
+@pytest.mark.megatron
+@pytest.mark.distributed
+def test_pretrain_gpt_data_path_naming_jsonl_gives_the_batches_of_preprocessing_first(
+    tmp_path: Path,
 ) -> None:
-    """Under patch_megatron, pretrain_gpt.py's data path (get_blend_from_list over --data-path,
-    GPTDatasetConfig, the builder, a DataLoader) with --data-path naming jsonl files and a
-    HuggingFaceTokenizer over a local tokenizer.json directory."""
+    """Under patch_megatron, on 2 gloo ranks (torchrun), Megatron-LM pretrain_gpt.py's data path
+    (tests/raw_text_pretrain_gpt.py: megatron.training's argument parsing, megatron-core's
+    HuggingFaceTokenizer over a local directory through transformers' AutoTokenizer, the builder,
+    build_pretraining_data_loader) with --data-path naming jsonl files gives, batch for batch,
+    what it gives with --data-path naming `tokenmill tokenize`'s output for the same files."""
     import subprocess
     import sys
 
+    from tokenmill.cli.main import main
+
+    require("transformers")
+    tokenizer_dir = hf_tokenizer_directory(tmp_path / "tokenizer")
+    # HF's encode reads '<|endoftext|>' inside a document as the special id, tokenmill's
+    # backends as text: with it, the sample check sends raw text to the slow path (tested above)
     plain = [text.replace("<|endoftext|>", "eot") for text in documents(8, 120)]
-    first = write_corpus(tmp_path / "web.jsonl", plain[:70])
-    second = write_corpus(tmp_path / "books.jsonl", plain[70:])
-    script = tmp_path / "pretrain_data.py"
-    script.write_text(MEGATRON_SCRIPT)
+    files = [
+        write_corpus(tmp_path / "web.jsonl", plain[:70]),
+        write_corpus(tmp_path / "books.jsonl", plain[70:]),
+    ]
+    prefixes = [str(tmp_path / "preprocessed" / path.stem) for path in files]
+    for path, prefix in zip(files, prefixes):
+        spec = str(tokenizer_dir / "tokenizer.json")
+        assert (
+            main(["tokenize", str(path), "-o", prefix, "--tokenizer", spec, "--workers", "0"]) == 0
+        )
+    out = tmp_path / "out"
+    out.mkdir()
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+        "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
+        str(Path(__file__).with_name("raw_text_pretrain_gpt.py")), str(out),
+        "--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", str(tokenizer_dir),
+        "--data-path", "30", str(files[0]), "70", str(files[1]),
+        "--offline-data-path", "30", prefixes[0], "70", prefixes[1],
+        "--data-cache-path", str(tmp_path / "cache"), "--split", "90,10,0",
+        "--seq-length", "32", "--max-position-embeddings", "32", "--num-layers", "2",
+        "--hidden-size", "64", "--num-attention-heads", "4", "--micro-batch-size", "4",
+        "--global-batch-size", "8", "--train-iters", "6", "--eval-iters", "2",
+        "--eval-interval", "3", "--num-workers", "0",
+    ]  # fmt: skip
+    environment = dict(os.environ, OMP_NUM_THREADS="1")
     result = subprocess.run(
-        [sys.executable, str(script), f"{first},{second}", os.path.dirname(bpe), str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
+        command, capture_output=True, text=True, timeout=600, check=False, env=environment
     )
-    assert result.returncode == 0, result.stderr[-4000:]
-    outcome = json.loads(result.stdout.strip().splitlines()[-1])
-    assert outcome["raw"][0] == "RawTextEntry"  # --data-path's jsonl entries were recognised
-    assert outcome["raw"][1] == outcome["offline"][1] == outcome["again"][1]
-    assert "same ids on a sample" in result.stderr or "own tokenize" not in result.stderr
+    assert result.returncode == 0, result.stderr[-6000:]
+    ranks = [json.loads((out / f"{rank}.json").read_text()) for rank in range(2)]
+    for rank in ranks:
+        # the raw run read tokenmill's raw-text cache, not the preprocessed files
+        assert all("raw_text" in path for path in rank["raw"]["dataset_paths"])
+        assert rank["offline"]["dataset_paths"] == prefixes
+        assert len(rank["raw"]["batches"]) == 12  # 6 train + 2 x 3 valid micro-batches
+        assert rank["raw"]["batches"] == rank["offline"]["batches"]
+    assert ranks[0]["raw"]["batches"] != ranks[1]["raw"]["batches"]  # each its own share
+    # Megatron's HuggingFaceTokenizer ran on tokenmill's fast backend, once checked, said in
+    # the log, on each rank
+    fast = re.findall(
+        r"\[raw text\] \w+: its file (\S+) runs on (.+) \(same ids on a sample", result.stderr
+    )
+    assert [path for path, _ in fast] == [str(tokenizer_dir / "tokenizer.json")] * 2
+    assert "own tokenize()" not in result.stderr
 
 
 def test_a_run_config_file_names_raw_text(

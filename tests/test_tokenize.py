@@ -772,3 +772,16 @@ def test_nanogpt_output_is_split_at_the_shard_cap(tmp_path: Path) -> None:
     tokens = np.concatenate([NanogptShard(str(path)).tokens for path in shards])
     np.testing.assert_array_equal(tokens, megatron._tokens)
     assert all(len(NanogptShard(str(path))) == 10 for path in shards[:-1])
+
+
+def test_package_version_reads_what_importlib_metadata_reads() -> None:
+    """The backends' versions (in every tokenized output's sidecar and raw-text cache key) come
+    from the .dist-info directory's name when there is one: the same as importlib.metadata's."""
+    import importlib.metadata
+
+    from tokenmill.tokenize.reference_backends import _dist_info_version, package_version
+
+    for name in ("gigatoken", "tiktoken", "tokenizers", "numpy", "megatron-core"):
+        assert package_version(name) == importlib.metadata.version(name)
+    assert _dist_info_version("gigatoken") == importlib.metadata.version("gigatoken")
+    assert package_version("no-such-distribution-here") == "unknown"
