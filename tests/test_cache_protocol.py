@@ -490,66 +490,6 @@ def test_a_trusting_rank_refuses_negative_ids_of_a_damaged_blend_entry(
         np.save(path, original)
 
 
-def test_a_cold_batch_probes_one_missing_entry_then_trusts_its_listing(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A cold blend build lists the cache directory at its first miss and probes no other
-    missing entry (each probe would wait behind the batch's file creations); an entry another
-    builder commits after the listing is built again, byte for byte the same; the listing ends
-    with the batch, so the next build in the process finds every entry warm."""
-    import shutil
-
-    from tokenmill.datasets.builder import BlendedMegatronDatasetBuilder
-    from tokenmill.datasets.gpt import GPTDataset
-    from tokenmill.index import cache_writes
-
-    rng = np.random.default_rng(12)
-    prefixes = [
-        write_megatron_shard(tmp_path / f"s{i}", random_documents(rng, 60)) for i in range(5)
-    ]
-
-    def open_blend(cache: Path) -> Any:
-        config = make_config(cache, split="100,0,0", blend=(prefixes, [1, 2, 3, 4, 5]))
-        return BlendedMegatronDatasetBuilder(GPTDataset, [200, 0, 0], lambda: True, config).build()[
-            0
-        ]
-
-    reference = open_blend(tmp_path / "reference")  # another builder's copy of every entry
-    probes: list[str] = []
-    real_probe = cache_module._read_prefix
-
-    def probe(path: str, size: int) -> str:
-        probes.append(os.path.basename(path))
-        return real_probe(path, size)
-
-    real_note = cache_writes.note_batch_miss
-    cache = tmp_path / "cache"
-    raced = next((tmp_path / "reference").glob("*-GPTDataset-train-description.txt"))
-    raced_base = raced.name[: -len("-description.txt")]
-
-    def note_then_race(directory: str) -> None:
-        real_note(directory)
-        # another job commits one entry right after this batch's listing
-        cache.mkdir(exist_ok=True)
-        for path in (tmp_path / "reference").glob(f"{raced_base}-*"):
-            shutil.copy2(path, cache / path.name)
-
-    monkeypatch.setattr(cache_module, "_read_prefix", probe)
-    monkeypatch.setattr(cache_module, "note_batch_miss", note_then_race)
-    blend = open_blend(cache)
-    assert len(probes) == 1  # the first miss; the blend entry is built after the batch
-    for index in range(len(blend)):
-        assert np.array_equal(blend[index]["tokens"], reference[index]["tokens"])
-    for path in (tmp_path / "reference").iterdir():
-        if path.name.endswith(".npy") or path.name.endswith("description.txt"):
-            assert (cache / path.name).read_bytes() == path.read_bytes(), path.name
-    probes.clear()
-    forbid_builds(monkeypatch)
-    warm = open_blend(cache)  # the listing is gone with the batch: every entry is loaded
-    assert len(probes) == len(prefixes) + 1
-    assert np.array_equal(warm.dataset_index, blend.dataset_index)
-
-
 def test_a_warm_building_rank_skips_the_idx_scan_only_for_proven_files(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

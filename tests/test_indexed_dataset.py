@@ -75,6 +75,42 @@ def shard(tmp_path: Path) -> Path:
     return prefix
 
 
+@pytest.mark.parametrize("multimodal", [False, True], ids=["text", "multimodal"])
+def test_the_index_reader_logs_megatrons_lines_only_when_they_are_kept(
+    tmp_path: Path, multimodal: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    """megatron-core's lines and timings of an `.idx` load, at its levels and under its logger
+    name, when that logger keeps them; with its default level (WARNING) nothing, and the arrays
+    are the same either way."""
+    import logging
+
+    prefix = tmp_path / "shard"
+    write(prefix, DOCUMENTS, multimodal=multimodal)
+    name = "megatron.core.datasets.indexed_dataset"
+    with caplog.at_level(logging.WARNING, logger=name):
+        quiet = IndexedDataset(str(prefix), multimodal=multimodal)
+    assert [r for r in caplog.records if r.name == name] == []
+    with caplog.at_level(logging.DEBUG, logger=name):
+        logged = IndexedDataset(str(prefix), multimodal=multimodal)
+    lines = [r.getMessage() for r in caplog.records if r.name == name]
+    extracts = ["sequence lengths", "sequence pointers", "document indices"]
+    extracts += ["sequence modes"] if multimodal else []
+    expected = [f"\tExtract the {extract}" for extract in extracts]
+    assert [line for line in lines if line.startswith("\tExtract")] == expected
+    assert sum(line.startswith("\t> time elapsed:") for line in lines) == len(extracts)
+    assert lines[0] == f"Load the _IndexReader from {prefix}.idx"
+    assert "> total number of sequences: 5" in lines
+    assert "> total number of documents: 4" in lines
+    for attribute in ("sequence_lengths", "sequence_pointers", "document_indices"):
+        np.testing.assert_array_equal(
+            getattr(quiet.index, attribute), getattr(logged.index, attribute)
+        )
+    if multimodal:
+        np.testing.assert_array_equal(quiet.index.sequence_modes, logged.index.sequence_modes)
+    else:
+        assert quiet.index.sequence_modes is None and logged.index.sequence_modes is None
+
+
 # --- round trips -----------------------------------------------------------------------------
 
 

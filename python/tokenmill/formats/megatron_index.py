@@ -249,7 +249,11 @@ class _IndexReader:
         dtype_code: int | None = None,
     ) -> None:
         self.idx_path = idx_path
-        log(_MEGATRON_LOG, logging.INFO, f"Load the {type(self).__name__} from {idx_path}")
+        # megatron-core's lines and timings, made only when its logger keeps them (its default
+        # level drops them all: a blend of 1,000 sources made ~8,000 for nothing)
+        verbose = _MEGATRON_LOG.isEnabledFor(logging.INFO)
+        if verbose:
+            log(_MEGATRON_LOG, logging.INFO, f"Load the {type(self).__name__} from {idx_path}")
         try:
             # an index of up to READ_BELOW bytes: one call (open, fstat, read, close without the
             # GIL); a larger one is left open by that call, to be mapped; a blend opens one per
@@ -292,7 +296,7 @@ class _IndexReader:
                 raise
             raise limit from error
 
-        sequence_count, document_count = self.sequence_count, self.document_count
+        sequence_count = self.sequence_count
         offset = HEADER_SIZE
         # entry(sequence): a mapped index's pointer and length are read under the SIGBUS
         # guard, by one C++ call (a partial, not a method: no Python frame on the hot path)
@@ -303,37 +307,66 @@ class _IndexReader:
             if self._mapped_file is not None
             else self._unmapped_entry
         )
-        # megatron-core's lines, levels and timings (tokenmill.common.megatron_log)
+        lengths_at, pointers_at = offset, offset + 4 * sequence_count
+        documents_at = pointers_at + 8 * sequence_count
+        if verbose:  # megatron-core's lines, levels and timings (tokenmill.common.megatron_log)
+            self._extract_logged(lengths_at, pointers_at, documents_at, multimodal)
+        else:
+            self._extract(lengths_at, pointers_at, documents_at, multimodal)
+
+    def _extract(
+        self, lengths_at: int, pointers_at: int, documents_at: int, multimodal: bool
+    ) -> None:
+        """The index's arrays, views of its bytes."""
+        self.sequence_lengths = self._lengths(lengths_at)
+        self.sequence_pointers = self._pointers(pointers_at)
+        self.document_indices = self._documents(documents_at)
+        self.sequence_modes = self._modes(documents_at) if multimodal else None
+
+    def _extract_logged(
+        self, lengths_at: int, pointers_at: int, documents_at: int, multimodal: bool
+    ) -> None:
+        """:meth:`_extract`, with megatron-core's lines and timings."""
         log(_MEGATRON_LOG, logging.INFO, "\tExtract the sequence lengths")
         with elapsed(_MEGATRON_LOG):
-            self.sequence_lengths = numpy.frombuffer(
-                self._mapping, dtype="<i4", count=sequence_count, offset=offset
-            )
-        offset += 4 * sequence_count
+            self.sequence_lengths = self._lengths(lengths_at)
         log(_MEGATRON_LOG, logging.INFO, "\tExtract the sequence pointers")
         with elapsed(_MEGATRON_LOG):
-            self.sequence_pointers = numpy.frombuffer(
-                self._mapping, dtype="<i8", count=sequence_count, offset=offset
-            )
-        offset += 8 * sequence_count
+            self.sequence_pointers = self._pointers(pointers_at)
         log(_MEGATRON_LOG, logging.INFO, "\tExtract the document indices")
         with elapsed(_MEGATRON_LOG):
-            self.document_indices = numpy.frombuffer(
-                self._mapping, dtype="<i8", count=document_count, offset=offset
-            )
-        offset += 8 * document_count
+            self.document_indices = self._documents(documents_at)
         self.sequence_modes = None
         if multimodal:
             log(_MEGATRON_LOG, logging.INFO, "\tExtract the sequence modes")
             with elapsed(_MEGATRON_LOG):
-                self.sequence_modes = numpy.frombuffer(
-                    self._mapping, dtype=numpy.int8, count=sequence_count, offset=offset
-                )
-        log(_MEGATRON_LOG, logging.INFO, f"> total number of sequences: {sequence_count}")
+                self.sequence_modes = self._modes(documents_at)
+        log(_MEGATRON_LOG, logging.INFO, f"> total number of sequences: {self.sequence_count}")
         log(
             _MEGATRON_LOG,
             logging.INFO,
             f"> total number of documents: {self.document_indices.shape[0] - 1}",
+        )
+
+    def _lengths(self, offset: int) -> npt.NDArray[numpy.int32]:
+        return numpy.frombuffer(
+            self._mapping, dtype="<i4", count=self.sequence_count, offset=offset
+        )
+
+    def _pointers(self, offset: int) -> npt.NDArray[numpy.int64]:
+        return numpy.frombuffer(
+            self._mapping, dtype="<i8", count=self.sequence_count, offset=offset
+        )
+
+    def _documents(self, offset: int) -> npt.NDArray[numpy.int64]:
+        return numpy.frombuffer(
+            self._mapping, dtype="<i8", count=self.document_count, offset=offset
+        )
+
+    def _modes(self, documents_at: int) -> npt.NDArray[numpy.int8]:
+        offset = documents_at + 8 * self.document_count
+        return numpy.frombuffer(
+            self._mapping, dtype=numpy.int8, count=self.sequence_count, offset=offset
         )
 
     def _check_layout(

@@ -74,12 +74,10 @@ from tokenmill.index.cache_writes import (
     atomic_save_npy,
     batch_active,
     batch_holds,
-    batch_listing,
     build_context,
     current_context,
     deferred_commits,
     entry_digest,
-    note_batch_miss,
     write_entry,
 )
 from tokenmill.storage.remote_cache import is_remote_cache, local_cache_directory
@@ -327,10 +325,6 @@ class IndexCache:
     base: str
     description: str
     array_names: tuple[str, ...]
-    # file paths by suffix, built once (pathlib joins cost more than the rest of a warm open)
-    _paths: dict[str, Path] = field(default_factory=dict, compare=False, repr=False)
-    # the same as strings, for the loads of a warm open (a Path costs a parse per join)
-    _files: dict[str, str] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def create(
@@ -356,16 +350,11 @@ class IndexCache:
         return cls(Path(location), base, description, tuple(array_names))
 
     def path(self, suffix: str) -> Path:
-        found = self._paths.get(suffix)
-        if found is None:
-            found = self._paths[suffix] = self.directory / f"{self.base}-{suffix}"
-        return found
+        return self.directory / f"{self.base}-{suffix}"
 
     def _file(self, suffix: str) -> str:
-        found = self._files.get(suffix)
-        if found is None:
-            found = self._files[suffix] = os.path.join(self.directory, f"{self.base}-{suffix}")
-        return found
+        """path() as a string (the loads of a warm open take strings)."""
+        return os.path.join(self.directory, f"{self.base}-{suffix}")
 
     @property
     def description_path(self) -> Path:
@@ -401,13 +390,9 @@ class IndexCache:
         dataset, scanning its `.idx` against its `.bin`, before it fingerprints them, so a
         proven `.idx` needs no second scan (`formats.megatron.deferred_index_scans`).
 
-        False without a valid sidecar, looked for with no probe where the enclosing batch's
-        listing shows none (cache_writes.batch_listing). Inside a build, the check is the one
-        the next load_or_build of this entry makes: the build's memo keeps it for that call."""
-        listing = batch_listing(os.fspath(self.directory))
+        False without a valid sidecar. Inside a build, the check is the one the next
+        load_or_build of this entry makes: the build's memo keeps it for that call."""
         sidecar = self._file(data_fingerprint.FINGERPRINT_SUFFIX)
-        if listing is not None and os.path.basename(sidecar) not in listing:
-            return False
         memo = _memo()
         verdict = data_fingerprint.sidecar_verdict(data_prefixes, sidecar, memo)
         if verdict is None:
@@ -665,22 +650,13 @@ class IndexCache:
         # always checks them.
         later = checking and bool(specs) and session is None
         statuses: dict[str, dict[str, int]] | None = {} if later else None
-        listing = batch_listing(os.fspath(self.directory)) if may_build and not check_only else None
-        arrays: dict[str, npt.NDArray[Any]] | None
-        described: bool | None
-        if listing is not None and f"{self.base}-description.txt" not in listing:
-            # not committed when this batch first missed here (batch_listing): no probe
-            arrays, problems, described = None, [f"{self.description_path}: missing"], False
-        else:
-            arrays, problems, described = self._load(
-                specs,
-                check_description=not trust_presence,
-                check_values=not trusted and not later,
-                statuses=statuses,
-                full=session is not None,
-            )
-            if described is False and may_build and not check_only:
-                note_batch_miss(os.fspath(self.directory))
+        arrays, problems, described = self._load(
+            specs,
+            check_description=not trust_presence,
+            check_values=not trusted and not later,
+            statuses=statuses,
+            full=session is not None,
+        )
         # An existing entry is checked against the data even when its arrays no longer fit the
         # config (new data usually changes their shapes): "error" must never rebuild silently.
         recorded: dict[str, Any] = {}

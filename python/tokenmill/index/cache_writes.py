@@ -53,13 +53,12 @@ __all__ = [
 class _Batch:
     """The entries written inside one :func:`deferred_commits`, committed together when it ends,
     with the directories it writes in (held open from before its first file there: the commit
-    makes the whole batch durable with one syncfs per filesystem, common.atomic.FilesystemSync)
-    and the names of each directory at the batch's first miss in it (:func:`batch_listing`)."""
+    makes the whole batch durable with one syncfs per filesystem, common.atomic.FilesystemSync).
+    """
 
     def __init__(self) -> None:
         self.entries: list[_Entry] = []
         self.filesystems: dict[str, FilesystemSync] = {}
-        self.listings: dict[str, frozenset[str]] = {}
         self.stopped = False  # stop_batch: an earlier failure ended this build
         self.lock = threading.Lock()  # the builder's pool threads write entries concurrently
 
@@ -399,37 +398,6 @@ def stop_batch() -> None:
 def batch_active() -> bool:
     """Whether entries written now are committed only when a :func:`deferred_commits` ends."""
     return _current_batch() is not None
-
-
-def batch_listing(directory: str) -> frozenset[str] | None:
-    """The names `directory` held at the enclosing batch's first miss in it, or None (no batch,
-    or no miss there yet).
-
-    Why: a cold build of S sources would otherwise probe S missing descriptions, one failed
-    open each, in the directory the batch's writer threads are creating files in; each lookup
-    waits for the directory's lock behind a create (measured on ext4 at 1,000 sources: 2% of
-    the cold build while creating a file took 13 us, a third of it while it took 340 us). A
-    name absent from the listing was not committed when it was taken; one committed since by
-    another builder is built again here, identical bytes, which the cache protocol allows
-    (docs/cache-protocol.md)."""
-    batch = _current_batch()
-    return batch.listings.get(directory) if batch is not None else None
-
-
-def note_batch_miss(directory: str) -> None:
-    """Record that the enclosing batch missed an entry in `directory`: list it, once per batch
-    (see :func:`batch_listing`). Best effort: an unlistable directory is probed per entry."""
-    batch = _current_batch()
-    if batch is None or directory in batch.listings:
-        return
-    try:
-        names = frozenset(os.listdir(directory))
-    except FileNotFoundError:
-        names = frozenset()  # no directory yet: nothing committed in it
-    except OSError:
-        return
-    with batch.lock:
-        batch.listings.setdefault(directory, names)
 
 
 @contextlib.contextmanager
