@@ -272,8 +272,8 @@ class GPTDatasetConfig(BlendedMegatronDatasetConfig):
     """Megatron-LM main: SBHD reference samples for variable-length validation (unused here)."""
 
     dynamic_context_parallel: bool = False
-    """Megatron-LM main: dynamic context parallelism (a parallelism field, like
-    hybrid_context_parallel; unused by the dataset)."""
+    """Accepted and unused: no Megatron-LM release or main has this field (main's is
+    hybrid_context_parallel); kept so configs that set it still load."""
 
     cache_build_scope: str = "global"
     """tokenmill: "global" (rank 0 builds caches) or "node" (each node's first rank builds)."""
