@@ -520,3 +520,63 @@ def test_an_array_rewritten_in_place_with_its_mtime_restored_is_checked_again(
     np.testing.assert_array_equal(
         np.asarray(rebuilt.shuffle_index), np.asarray(built.shuffle_index)
     )
+
+
+def test_a_racy_fingerprint_is_resealed_once_its_data_is_past_the_margin(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Data fingerprinted within the margin of its last change (a cache built right after the
+    data was written: tokenize then train, raw-text launches) is hashed on a later open, which
+    then re-dates the sidecar (same bytes); the open after that takes one stat per file. A
+    change made after the reseal is still caught."""
+    monkeypatch.setattr(fingerprint, "IDENTITY_MARGIN_NS", 500_000_000)
+    rng = np.random.default_rng(3)
+    shard = write_megatron_shard(tmp_path / "fresh", random_documents(rng, 3000, 20))
+    config = make_config(tmp_path / "cache", cache_data_check="error")
+    first = build(shard, config)
+    (sidecar,) = (tmp_path / "cache").glob("*-data.tokenmill.json")
+    raw = sidecar.read_bytes()
+    changed = max(os.stat(shard + suffix).st_ctime_ns for suffix in (".bin", ".idx"))
+    os.utime(sidecar, ns=(changed, changed + 1))  # dated within the margin: racy, whatever the load
+    while time.time_ns() <= changed + fingerprint.IDENTITY_MARGIN_NS + 10_000_000:
+        time.sleep(0.05)
+    read = _counting_fingerprints(monkeypatch)
+    assert_same_arrays(first, build(shard, config))
+    assert sorted(set(read)) == [shard + ".bin", shard + ".idx"]  # hashed, then resealed
+    assert sidecar.read_bytes() == raw  # the entry digest ranks compare is unchanged
+    assert os.stat(sidecar).st_mtime_ns > changed + fingerprint.IDENTITY_MARGIN_NS
+    read.clear()
+    assert_same_arrays(first, build(shard, config))
+    assert read == []  # proven by stat alone from now on
+    before = {suffix: os.stat(shard + suffix) for suffix in (".bin", ".idx")}
+    time.sleep(0.01)  # past the filesystem's timestamp tick
+    _swap_middle_documents(shard, shard)
+    for suffix, status in before.items():
+        os.utime(shard + suffix, ns=(status.st_atime_ns, status.st_mtime_ns))
+    with pytest.raises(StaleCacheError, match=rf"{shard}\.idx: sha256 was"):
+        build(shard, config)
+
+
+def test_a_racy_fingerprint_is_not_resealed_while_an_array_is_not_vouched_for(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Resealing moves the sidecar's ctime, the seal its arrays are compared with: it is done
+    only when every array is vouched for under the old seal, so an array rewritten in place
+    before the reseal is not vouched for after it."""
+    monkeypatch.setattr(fingerprint, "IDENTITY_MARGIN_NS", 500_000_000)
+    rng = np.random.default_rng(4)
+    shard = write_megatron_shard(tmp_path / "fresh", random_documents(rng, 300, 20))
+    config = make_config(tmp_path / "cache", cache_data_check="error")
+    build(shard, config)
+    (sidecar,) = (tmp_path / "cache").glob("*-data.tokenmill.json")
+    changed = max(os.stat(shard + suffix).st_ctime_ns for suffix in (".bin", ".idx"))
+    os.utime(sidecar, ns=(changed, changed + 1))
+    (array,) = (tmp_path / "cache").glob("*-shuffle_index.npy")
+    time.sleep(0.01)
+    status = os.stat(array)
+    os.utime(array, ns=(status.st_atime_ns, status.st_mtime_ns))  # ctime now after the seal
+    while time.time_ns() <= changed + fingerprint.IDENTITY_MARGIN_NS + 10_000_000:
+        time.sleep(0.05)
+    sealed = os.stat(sidecar).st_ctime_ns
+    build(shard, config)
+    assert os.stat(sidecar).st_ctime_ns == sealed

@@ -668,17 +668,21 @@ class IndexCache:
                 arrays, problems, data_prefixes, data_check, may_build, check_only, recorded,
                 sidecar,
             )  # fmt: skip
-        if (
-            later
-            and arrays is not None
-            and specs
-            and not data_fingerprint.vouches_for(
+        vouched = False
+        if later and arrays is not None and specs:
+            vouched = data_fingerprint.vouches_for(
                 recorded, statuses or {}, sidecar[0].changed_ns if sidecar else None
             )
-        ):
-            problems = self._value_problems(arrays, specs, full=False)
-            if problems:
-                arrays = None
+            if not vouched:
+                problems = self._value_problems(arrays, specs, full=False)
+                if problems:
+                    arrays = None
+        if arrays is not None and vouched and may_build and not check_only:
+            # data fingerprinted within the margin of its last change is hashed on every
+            # check until its sidecar is dated after the margin (fingerprint.reseal)
+            data_fingerprint.reseal(
+                self._file(data_fingerprint.FINGERPRINT_SUFFIX), sidecar[0], data_prefixes, _memo()
+            )
         if arrays is not None:
             if context.vouched is not None and may_build and not check_only:
                 raw = sidecar[0].raw if sidecar else None

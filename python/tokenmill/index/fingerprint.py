@@ -47,6 +47,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
@@ -72,6 +73,7 @@ __all__ = [
     "fingerprint_file",
     "fingerprint_prefixes",
     "read_fingerprint",
+    "reseal",
     "sidecar_verdict",
     "stale_reasons",
     "vouches_for",
@@ -277,6 +279,7 @@ class Sidecar(NamedTuple):
     written_ns: int
     raw: bytes
     changed_ns: int  # its st_ctime_ns: no array it vouches for changed after it
+    inode: int = -1  # its st_ino: reseal touches only this very file
 
 
 # A sidecar names two files per dataset: a blend of 10,000 sources writes about 3 MB.
@@ -301,7 +304,13 @@ def _read_fingerprint_dated(path: str | os.PathLike[str]) -> Sidecar | None:
     except (UnicodeDecodeError, ValueError, RecursionError) as error:
         raise DataFormatError(f"{path}: not a JSON fingerprint ({error})") from None
     _validate(payload, path)
-    return Sidecar(dict(payload), int(status.st_mtime_ns), raw, int(status.st_ctime_ns))
+    return Sidecar(
+        dict(payload),
+        int(status.st_mtime_ns),
+        raw,
+        int(status.st_ctime_ns),
+        int(status.st_ino),
+    )
 
 
 def _current_against(
@@ -325,6 +334,76 @@ def _current_against(
                 all_unchanged = False
         datasets[prefix] = files
     return {"format": FORMAT, "version": VERSION, "datasets": datasets}, all_unchanged
+
+
+def reseal(
+    path: str | os.PathLike[str],
+    dated: Sidecar,
+    prefixes: Iterable[str],
+    memo: FileMemo | None = None,
+) -> bool:
+    """Re-date a sidecar whose data files were fingerprinted too soon after their last change
+    for `stat` to vouch for them (:data:`IDENTITY_MARGIN_NS`), so that later checks take one
+    ``stat`` per file instead of hashing it again, forever.
+
+    Call it only after this very sidecar (`dated`) was found fresh by hashing and the arrays it
+    records were vouched for (:func:`vouches_for`) under its current date. Then the data files
+    hold what the builder fingerprinted as of that check; each still has the recorded size,
+    mtime, ctime and inode, and its last change is now over the margin old, so any later write
+    gives it another ctime. The payload is not rewritten (its bytes, hence the entry digest that
+    ranks compare, stay the same): the file's times are set to now through a descriptor checked
+    to be the sidecar that was read, which also moves its ctime (the seal of the arrays) past
+    every array's. Best effort: a sidecar another user owns, or on a read-only filesystem, is
+    left as it is.
+
+    Returns:
+        Whether the sidecar was re-dated (False when no file was racy, one still is, or a file
+        is not the recorded one by `stat`: re-dating would prove nothing).
+    """
+    recorded = dated.payload.get("datasets", {})
+    prefixes = list(prefixes)
+    entries: list[tuple[str, Mapping[str, Any]]] = []
+    racy = False
+    for prefix in prefixes:  # the recorded times alone first: a warm hit is rarely racy
+        files = recorded.get(prefix)
+        for suffix in DATA_SUFFIXES:
+            entry = files.get(suffix) if isinstance(files, dict) else None
+            if not isinstance(entry, dict) or not isinstance(entry.get("ctime_ns"), int):
+                return False
+            entries.append((prefix + suffix, entry))
+            racy = racy or entry["ctime_ns"] + IDENTITY_MARGIN_NS >= dated.written_ns
+    if not racy:
+        return False
+    now = time.time_ns()
+    for path_of_data, entry in entries:
+        status = _stat_once(path_of_data, memo)
+        if (
+            status.st_ctime_ns != entry["ctime_ns"]
+            or status.st_ino != entry.get("inode")
+            or status.st_size != entry.get("size")
+            or status.st_mtime_ns != entry.get("mtime_ns")
+            or status.st_ctime_ns + IDENTITY_MARGIN_NS >= now
+        ):
+            return False
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+    try:
+        descriptor = os.open(path, flags)
+    except OSError:
+        return False
+    try:
+        status = os.fstat(descriptor)
+        if (status.st_ino, status.st_mtime_ns, status.st_ctime_ns) != (
+            dated.inode,
+            dated.written_ns,
+            dated.changed_ns,
+        ):
+            return False  # replaced or touched since it was read: not the sidecar checked
+        os.utime(descriptor)
+    except OSError:  # EPERM (another owner), EROFS
+        return False
+    finally:
+        os.close(descriptor)
+    return True
 
 
 ARRAY_FIELDS = ("size", "mtime_ns", "inode")
