@@ -33,6 +33,12 @@ OURS = {name: importlib.import_module(f"tokenmill.megatron.{name}") for name in 
 INSTALLED = tuple(int(part) for part in importlib.metadata.version("megatron-core").split(".")[:2])
 
 _TIMING = re.compile(r"time elapsed: \d+\.\d+ seconds")
+_ADDRESS = re.compile(r" object at 0x[0-9a-f]+>")
+
+
+def _normalised(message: str) -> str:
+    """`message` with its measured durations and object addresses replaced."""
+    return _ADDRESS.sub(" object>", _TIMING.sub("time elapsed: T seconds", message))
 
 
 def _records(
@@ -188,3 +194,67 @@ def test_no_line_is_formatted_when_megatron_logger_drops_them(
     train._log_indices(arrays, True, 0.0)
     assert len(calls) > 1
     megatron.manager._clear_cache()
+
+
+@pytest.mark.distributed
+def test_pretrain_gpt_data_path_logs_megatrons_lines_and_warns_nothing_more(
+    tmp_path: Path,
+) -> None:
+    """Megatron-LM pretrain_gpt.py's data path (tests/pretrain_gpt_data_path.py: megatron
+    .training's argument parsing on default flags, so create_attention_mask=True, a weighted
+    blend, build_train_valid_test_datasets, build_pretraining_data_loader), run stock and under
+    patch_megatron: the same batches, the same lines from megatron's dataset loggers, for the
+    build and for a cache hit, and no warning stock does not give."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from raw_text_support import free_port
+
+    rng = np.random.default_rng(31)
+    prefixes = [
+        write_megatron_shard(tmp_path / name, random_documents(rng, 150, 120, vocab_size=500))
+        for name in ("web", "books")
+    ]
+    script = Path(__file__).with_name("pretrain_gpt_data_path.py")
+
+    def run(name: str, stock: bool) -> dict[str, Any]:
+        out = tmp_path / name
+        out.mkdir()
+        command = [
+            sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "1",
+            "--master-addr", "127.0.0.1", "--master-port", str(free_port()), str(script),
+            str(out), "--tokenizer-type", "NullTokenizer", "--vocab-size", "512",
+            "--data-path", "30", prefixes[0], "70", prefixes[1],
+            # the second run of the one process is a cache hit
+            "--offline-data-path", "30", prefixes[0], "70", prefixes[1],
+            "--data-cache-path", str(tmp_path / f"cache-{name}"), "--split", "90,10,0",
+            "--seq-length", "64", "--max-position-embeddings", "64", "--num-layers", "2",
+            "--hidden-size", "64", "--num-attention-heads", "4", "--micro-batch-size", "4",
+            "--global-batch-size", "4", "--train-iters", "6", "--eval-iters", "2",
+            "--eval-interval", "3", "--num-workers", "0",
+        ]  # fmt: skip
+        environment = dict(os.environ, OMP_NUM_THREADS="1", TOKENMILL_STOCK=str(int(stock)))
+        result = subprocess.run(
+            command, capture_output=True, text=True, timeout=600, check=False, env=environment
+        )
+        assert result.returncode == 0, result.stderr[-6000:]
+        runs: dict[str, Any] = json.loads((out / "0.json").read_text())
+        cache = str(tmp_path / f"cache-{name}")
+        for outcome in runs.values():
+            outcome["log"] = [
+                (logger, level, _normalised(message).replace(cache, "C"))
+                for logger, level, message in outcome["log"]
+            ]
+        return runs
+
+    stock, patched = run("stock", True), run("patched", False)
+    for phase in ("raw", "offline"):  # a build, then a cache hit
+        assert patched[phase]["batches"] == stock[phase]["batches"]
+        assert len(stock[phase]["batches"]) == 12
+        assert stock[phase]["log"], phase  # megatron's lines reached its loggers
+        assert patched[phase]["log"] == stock[phase]["log"], phase
+        assert patched[phase]["warnings"] == stock[phase]["warnings"], phase
+    assert any("Build and save" in line[2] for line in stock["raw"]["log"])
+    assert any("Load the" in line[2] for line in stock["offline"]["log"])

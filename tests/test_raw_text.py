@@ -352,7 +352,7 @@ def test_pretrain_gpt_data_path_naming_jsonl_gives_the_batches_of_preprocessing_
     tmp_path: Path,
 ) -> None:
     """Under patch_megatron, on 2 gloo ranks (torchrun), Megatron-LM pretrain_gpt.py's data path
-    (tests/raw_text_pretrain_gpt.py: megatron.training's argument parsing, megatron-core's
+    (tests/pretrain_gpt_data_path.py: megatron.training's argument parsing, megatron-core's
     HuggingFaceTokenizer over a local directory through transformers' AutoTokenizer, the builder,
     build_pretraining_data_loader) with --data-path naming jsonl files gives, batch for batch,
     what it gives with --data-path naming `tokenmill tokenize`'s output for the same files."""
@@ -381,7 +381,7 @@ def test_pretrain_gpt_data_path_naming_jsonl_gives_the_batches_of_preprocessing_
     command = [
         sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
         "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
-        str(Path(__file__).with_name("raw_text_pretrain_gpt.py")), str(out),
+        str(Path(__file__).with_name("pretrain_gpt_data_path.py")), str(out),
         "--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", str(tokenizer_dir),
         "--data-path", "30", str(files[0]), "70", str(files[1]),
         "--offline-data-path", "30", prefixes[0], "70", prefixes[1],

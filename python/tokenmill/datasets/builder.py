@@ -153,7 +153,7 @@ class BlendedMegatronDatasetBuilder:
         if len(sizes) != len(Split):
             raise ValueError(f"sizes must have {len(Split)} entries, got {list(sizes)}")
         self.cls = cls
-        self.sizes = list(sizes)
+        self.sizes = sizes  # the caller's object, kept and logged as megatron does (a tuple too)
         self.is_built_on_rank = is_built_on_rank
         self.config = config
         shown = getattr(config, "megatron_repr", config.__repr__)()

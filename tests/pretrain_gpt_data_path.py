@@ -1,9 +1,12 @@
-"""Megatron-LM pretrain_gpt.py's data path, one rank of a torchrun job, under patch_megatron.
+"""Megatron-LM pretrain_gpt.py's data path, one rank of a torchrun job, stock or under
+patch_megatron.
 
-Run by tests/test_raw_text.py as::
+Run by tests/test_raw_text.py and tests/test_megatron_logs.py as::
 
-    python -m torch.distributed.run --nproc-per-node 2 tests/raw_text_pretrain_gpt.py OUT \
-        --offline-data-path 30 PREFIX0 70 PREFIX1 <pretrain_gpt.py's arguments>
+    python -m torch.distributed.run --nproc-per-node N tests/pretrain_gpt_data_path.py OUT \
+        [--offline-data-path 30 PREFIX0 70 PREFIX1] <pretrain_gpt.py's arguments>
+
+with ``TOKENMILL_STOCK=1`` in the environment for stock megatron-core (no patch).
 
 The arguments are pretrain_gpt.py's own, parsed and validated by megatron.training's
 ``parse_args``/``validate_args``; the tokenizer is megatron-core's ``build_tokenizer(args)``
@@ -15,9 +18,11 @@ directory). Then what pretrain_gpt.py's ``train_valid_test_datasets_provider`` d
 each split's ``build_pretraining_data_loader``. (megatron.training's
 ``build_train_valid_test_data_loaders`` is not used: it broadcasts flags on a CUDA tensor.)
 
-It runs twice in the one process group: over the command line's ``--data-path`` (the raw jsonl
-files) and over ``--offline-data-path`` (the same files, preprocessed by ``tokenmill tokenize``),
-and writes each run's batches, hashed, to ``OUT/<rank>.json``.
+It runs over the command line's ``--data-path`` and, when given, again over
+``--offline-data-path`` (e.g. raw jsonl files, then the same files preprocessed by ``tokenmill
+tokenize``), in the one process group, and writes to ``OUT/<rank>.json`` each run's batches
+(hashed), the records of megatron-core's dataset loggers (``megatron.core.datasets.*``: logger,
+level, message) and every warning raised (category, message, file).
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ import logging
 import os
 import sys
 import typing
+import warnings
 from typing import Any
 
 if not hasattr(typing, "override"):  # megatron.training needs Python 3.12's typing.override
@@ -39,16 +45,17 @@ if not hasattr(typing, "override"):  # megatron.training needs Python 3.12's typ
 
 def extra_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     group = parser.add_argument_group("tokenmill test")
-    group.add_argument("--offline-data-path", nargs="*", required=True)
+    group.add_argument("--offline-data-path", nargs="*", default=None)
     return parser
 
 
 def main() -> None:
     out = sys.argv.pop(1)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr)
-    import tokenmill
+    if os.environ.get("TOKENMILL_STOCK") != "1":
+        import tokenmill
 
-    tokenmill.patch_megatron()
+        tokenmill.patch_megatron()
 
     import torch
     from megatron.core import parallel_state
@@ -89,24 +96,48 @@ def main() -> None:
         )
         return BlendedMegatronDatasetBuilder(GPTDataset, samples, lambda: True, config).build()
 
-    def batches() -> dict[str, Any]:
-        train, valid, _ = build_train_valid_test_datasets(provider)
-        hashed: list[str] = []
-        for dataset in (train, valid):
-            for batch in build_pretraining_data_loader(dataset, 0):
-                digest = hashlib.sha256()
-                for name in sorted(batch):
-                    digest.update(name.encode())
-                    digest.update(batch[name].numpy().tobytes())
-                hashed.append(digest.hexdigest())
-        return {"batches": hashed, "dataset_paths": [d.dataset_path for d in train.datasets]}
+    class Recorder(logging.Handler):
+        def __init__(self) -> None:
+            super().__init__(logging.DEBUG)
+            self.lines: list[tuple[str, int, str]] = []
 
-    raw = batches()
-    args.data_path = args.offline_data_path
-    args.data_cache_path = args.data_cache_path + "-offline"
-    offline = batches()
+        def emit(self, record: logging.LogRecord) -> None:
+            self.lines.append((record.name, record.levelno, record.getMessage()))
+
+    def batches() -> dict[str, Any]:
+        recorder = Recorder()
+        datasets_logger = logging.getLogger("megatron.core.datasets")
+        datasets_logger.addHandler(recorder)
+        try:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                train, valid, _ = build_train_valid_test_datasets(provider)
+                hashed: list[str] = []
+                for dataset in (train, valid):
+                    for batch in build_pretraining_data_loader(dataset, 0):
+                        digest = hashlib.sha256()
+                        for name in sorted(batch):
+                            digest.update(name.encode())
+                            digest.update(batch[name].numpy().tobytes())
+                        hashed.append(digest.hexdigest())
+        finally:
+            datasets_logger.removeHandler(recorder)
+        return {
+            "batches": hashed,
+            "dataset_paths": [d.dataset_path for d in train.datasets],
+            "log": recorder.lines,
+            "warnings": [
+                (w.category.__name__, str(w.message), os.path.basename(w.filename)) for w in caught
+            ],
+        }
+
+    runs = {"raw": batches()}
+    if args.offline_data_path is not None:
+        args.data_path = args.offline_data_path
+        args.data_cache_path = args.data_cache_path + "-offline"
+        runs["offline"] = batches()
     with open(os.path.join(out, f"{args.rank}.json"), "w") as stream:
-        json.dump({"raw": raw, "offline": offline}, stream)
+        json.dump(runs, stream)
     torch.distributed.destroy_process_group()
 
 
