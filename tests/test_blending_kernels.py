@@ -35,6 +35,7 @@ from tokenmill.index.blending import (
     build_exhaustive_blending_indices,
     dataset_index_dtype,
 )
+from tokenmill.index.cache_writes import BuildContext, build_context, current_context
 
 from oracles import import_oracle, message
 from reference import blending_indices_reference, exhaustive_blending_indices_reference
@@ -756,15 +757,16 @@ def test_the_active_set_runs_on_the_best_instruction_set_the_cpu_has() -> None:
 
 
 @pytest.fixture
-def nothing_ahead() -> Iterator[None]:
-    blending.discard_ahead()
-    yield
-    blending.discard_ahead()
+def nothing_ahead() -> Iterator[BuildContext]:
+    """A build (what compute_ahead needs), with nothing computed ahead yet."""
+    with build_context() as context:
+        assert context.ahead == {}
+        yield context
+        blending.discard_ahead()
 
 
-@pytest.mark.usefixtures("nothing_ahead")
 def test_indices_computed_ahead_are_taken_once_by_the_same_inputs(
-    greedy_threads: list[str],
+    greedy_threads: list[str], nothing_ahead: BuildContext
 ) -> None:
     threads = greedy_threads
     weights = np.random.default_rng(5).random(40)
@@ -785,15 +787,16 @@ def test_indices_computed_ahead_are_taken_once_by_the_same_inputs(
     assert threads[1] == "MainThread" and threads[-1] == "MainThread"
     np.testing.assert_array_equal(again[0], expected[0])
     blending.discard_ahead()
-    assert blending._AHEAD == {}
+    assert nothing_ahead.ahead == {}
 
 
-@pytest.mark.usefixtures("nothing_ahead")
-def test_bad_inputs_ahead_are_ignored_and_refused_by_the_real_call() -> None:
+def test_bad_inputs_ahead_are_ignored_and_refused_by_the_real_call(
+    nothing_ahead: BuildContext,
+) -> None:
     blending.compute_ahead([0.5, float("nan")], 10)
     blending.compute_ahead([0.5, 0.5], -1)
     blending.compute_ahead("weights", 10)
-    assert blending._AHEAD == {}
+    assert nothing_ahead.ahead == {}
     with pytest.raises(ValueError, match=r"weights\[1\] must be finite"):
         build_blending_indices([0.5, float("nan")], 10)
 
@@ -822,7 +825,17 @@ def test_a_forked_child_never_waits_for_its_parents_computation() -> None:
 
 def _ahead_in_child() -> int:
     build_blending_indices([0.25, 0.75], 50_000)  # computed here, in line
-    return len(blending._AHEAD)
+    context = current_context()
+    return -1 if context is None else len(context.ahead)
+
+
+def test_nothing_is_computed_ahead_outside_a_build(greedy_threads: list[str]) -> None:
+    """Outside a build there is nowhere to keep a result (no module-level state): the call
+    computes in line."""
+    assert current_context() is None
+    blending.compute_ahead([0.25, 0.75], 1000)
+    build_blending_indices([0.25, 0.75], 1000)
+    assert greedy_threads == ["MainThread"]
 
 
 # -- TOKENMILL_SIMD: every unit forced ------------------------------------------------------------

@@ -463,7 +463,7 @@ def test_a_cold_blend_computes_its_indices_while_its_members_are_built(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, greedy_threads: list[str]
 ) -> None:
     import tokenmill.datasets.builder as builder_module
-    from tokenmill.index import blending
+    from tokenmill.index.cache_writes import current_context
 
     threads = greedy_threads
     prefixes = make_shards(tmp_path)
@@ -477,7 +477,7 @@ def test_a_cold_blend_computes_its_indices_while_its_members_are_built(
     cold = samples()
     # one greedy blend per split with a size, each computed ahead, none left behind
     assert threads == ["tokenmill-blending-ahead"] * 3
-    assert blending._AHEAD == {}
+    assert current_context() is None  # the build's context, and what it computed ahead, ended
     threads.clear()
     assert samples() == cold  # warm: loaded from the cache, nothing computed, ahead or not
     assert threads == []

@@ -11,9 +11,6 @@ import tokenmill.index
 
 INDEX = Path(tokenmill.index.__file__).parent
 _MUTABLE_CALLS = {"dict", "list", "set", "OrderedDict", "defaultdict", "deque", "Counter"}
-# Not the cache protocol: the blend planner's look-ahead of futures (issue 32 leaves it to a
-# later change; listed here so that no new one can appear unnoticed).
-_KNOWN = {("blending.py", "_AHEAD")}
 
 
 def _mutable(value: ast.expr | None) -> bool:
@@ -56,4 +53,4 @@ def test_no_module_level_mutable_state_in_index() -> None:
         for path in sorted(INDEX.glob("*.py"))
         for name in module_level_mutables(path.read_text(encoding="utf-8"))
     }
-    assert found - _KNOWN == set()
+    assert found == set()

@@ -39,6 +39,7 @@ import numpy.typing as npt
 from tokenmill import _core
 from tokenmill.common.budget import check_allocation
 from tokenmill.common.core_call import core_call
+from tokenmill.index.cache_writes import current_context
 
 __all__ = [
     "INT16_MAX_DATASETS",
@@ -113,15 +114,10 @@ def _greedy(
     return dataset_index, dataset_sample_index
 
 
-# Greedy indices being computed ahead (compute_ahead), by (weights' bytes, size): taken by the
-# first build_blending_indices call with exactly those inputs.
-_AHEAD: dict[tuple[bytes, int], Future[tuple[np.ndarray, npt.NDArray[np.int64]]]] = {}
-_AHEAD_LOCK = threading.Lock()
-
-
 def compute_ahead(weights: npt.ArrayLike, size: int) -> None:
     """Start computing ``build_blending_indices(weights, size)`` on a background thread; the
-    next call with the same weights (bit for bit) and size returns that result.
+    next call with the same weights (bit for bit) and size in the same build (the enclosing
+    `cache_writes.BuildContext`) returns that result. Outside a build, nothing is started.
 
     Why: a builder knows a blend's weights and size before it builds the blend's members, and
     on a cold cache the members take most of the build on one core while the kernel (which
@@ -129,16 +125,19 @@ def compute_ahead(weights: npt.ArrayLike, size: int) -> None:
     paid after the members otherwise. Inputs the real call would refuse are ignored here (the
     real call raises). :func:`discard_ahead` drops results nobody took.
     """
+    context = current_context()
+    if context is None:
+        return
     try:
         vector, count = _weights_and_size(weights, size)
     except (TypeError, ValueError):
         return
     key = (vector.tobytes(), count)
     future: Future[tuple[np.ndarray, npt.NDArray[np.int64]]] = Future()
-    with _AHEAD_LOCK:
-        if key in _AHEAD:
+    with context.lock:
+        if key in context.ahead:
             return
-        _AHEAD[key] = future
+        context.ahead[key] = (os.getpid(), future)
 
     def run() -> None:
         try:
@@ -149,26 +148,33 @@ def compute_ahead(weights: npt.ArrayLike, size: int) -> None:
     try:
         threading.Thread(target=run, name="tokenmill-blending-ahead", daemon=True).start()
     except RuntimeError:  # no thread could start: the real call computes it
-        with _AHEAD_LOCK:
-            _AHEAD.pop(key, None)
+        with context.lock:
+            context.ahead.pop(key, None)
 
 
 def discard_ahead() -> None:
-    """Forget every result of :func:`compute_ahead` not taken yet (a computation still running
-    finishes and is freed)."""
-    with _AHEAD_LOCK:
-        _AHEAD.clear()
+    """Forget every result of :func:`compute_ahead` in this build not taken yet (a computation
+    still running finishes and is freed)."""
+    context = current_context()
+    if context is not None:
+        with context.lock:
+            context.ahead.clear()
 
 
-def _forget_ahead_in_child() -> None:
-    # the threads computing them do not exist in a forked child: waiting would never end
-    global _AHEAD_LOCK
-    _AHEAD.clear()
-    _AHEAD_LOCK = threading.Lock()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_forget_ahead_in_child)
+def _taken_ahead(
+    vector: np.ndarray, count: int
+) -> tuple[npt.NDArray[np.signedinteger], npt.NDArray[np.int64]] | None:
+    """The result :func:`compute_ahead` started for these inputs in this build, if any."""
+    context = current_context()
+    if context is None or not context.ahead:
+        return None
+    with context.lock:
+        found = context.ahead.pop((vector.tobytes(), count), None)
+    # a forked child has no thread computing its parent's futures: it computes its own
+    if found is None or found[0] != os.getpid():
+        return None
+    result: tuple[npt.NDArray[np.signedinteger], npt.NDArray[np.int64]] = found[1].result()
+    return result
 
 
 def build_blending_indices(
@@ -190,12 +196,8 @@ def build_blending_indices(
             weight (named with its index), or a negative size.
     """
     vector, count = _weights_and_size(weights, size)
-    if _AHEAD:
-        with _AHEAD_LOCK:
-            ahead = _AHEAD.pop((vector.tobytes(), count), None)
-        if ahead is not None:
-            return ahead.result()
-    return _greedy(vector, count)
+    ahead = _taken_ahead(vector, count)
+    return ahead if ahead is not None else _greedy(vector, count)
 
 
 def build_exhaustive_blending_indices(

@@ -26,6 +26,7 @@ import io
 import os
 import threading
 from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -90,6 +91,9 @@ class BuildContext:
         self.swept: set[str] = set()
         # the cache directories this build found no other user can write (one stat each)
         self.directories_checked: set[str] = set()
+        # blending indices being computed ahead (blending.compute_ahead), by (weights' bytes,
+        # size): the process that started each and its future
+        self.ahead: dict[tuple[bytes, int], tuple[int, Future[Any]]] = {}
         self.lock = threading.Lock()
 
     def record_vouched(self, base: str, digest: bytes) -> None:
