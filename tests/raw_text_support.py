@@ -221,7 +221,10 @@ def rank_main(job: dict[str, Any], rank: int) -> None:
     try:
         digest = samples_digest(build(config))
     except Exception as error:  # every rank must raise, none may hang
-        Path(job["out"], f"{rank}.json").write_text(json.dumps({"error": str(error)}))
+        notes = list(getattr(error, "__notes__", []))
+        Path(job["out"], f"{rank}.json").write_text(
+            json.dumps({"error": str(error), "type": type(error).__name__, "notes": notes})
+        )
         dist.destroy_process_group()
         return
     dist.barrier()

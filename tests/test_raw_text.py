@@ -461,5 +461,11 @@ def test_a_malformed_file_on_one_rank_fails_every_rank(tmp_path: Path, bpe: str)
         stream.write('{"text": 17}\n')
     job = _job(tmp_path, 2, [str(root)], bpe, "run")
     _finish(_launch(job))
-    errors = [json.loads(Path(job["out"], f"{r}.json").read_text())["error"] for r in range(2)]
-    assert all("f2.jsonl" in error for error in errors), errors
+    outcomes = [json.loads(Path(job["out"], f"{r}.json").read_text()) for r in range(2)]
+    assert all("f2.jsonl" in outcome["error"] for outcome in outcomes), outcomes
+    # the failing rank's exception itself, on every rank (through the process group's store,
+    # no collective over a Python-made tensor), the other rank told where it came from
+    assert [outcome["type"] for outcome in outcomes] == ["DataFormatError"] * 2, outcomes
+    assert outcomes[0]["error"] == outcomes[1]["error"]
+    told = [note for outcome in outcomes for note in outcome["notes"]]
+    assert len(told) == 1 and "which tokenizes raw text" in told[0], outcomes

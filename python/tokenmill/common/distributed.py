@@ -124,9 +124,12 @@ class Shared(NamedTuple):
 _STORE_PREFIX = "tokenmill/build_then_share/"
 
 
-def build_then_share(work: Callable[[], _T] | None) -> _T | None:
+def build_then_share(
+    work: Callable[[], _T] | None, role: str = "builds the index caches"
+) -> _T | None:
     """Run `work` on the ranks that pass one (the cache builders), then let every rank know
-    whether all of them succeeded (:func:`build_and_vouch` without evidence).
+    whether all of them succeeded (:func:`build_and_vouch` without evidence; `role`: what the
+    ranks with work do, for the note on the others' exception).
 
     Returns:
         `work()`'s result, or None on ranks without work.
@@ -135,7 +138,7 @@ def build_then_share(work: Callable[[], _T] | None) -> _T | None:
         A failing rank's exception, on every rank (a rank whose own work failed raises its
         own). A note names the rank it came from.
     """
-    result: _T | None = build_and_vouch(work).result
+    result: _T | None = build_and_vouch(work, role=role).result
     return result
 
 
@@ -143,6 +146,7 @@ def build_and_vouch(
     work: Callable[[], Any] | None,
     evidence: Callable[[], bytes] | None = None,
     scope: str = "global",
+    role: str = "builds the index caches",
 ) -> Shared:
     """Run `work` on the ranks that pass one (the cache builders), then let every rank know
     whether all of them succeeded, and hand the other ranks their builder's `evidence` (what a
@@ -157,7 +161,8 @@ def build_and_vouch(
     barrier; after it, every rank looks for one. A builder writes its evidence under its own
     rank; a rank without work reads its builder's (rank 0, or with `scope` "node" its node's
     local rank 0, ``rank - local_rank()``). Rank 0, whose process may host the store, returns
-    only once every rank has read.
+    only once every rank has read. `role` says what the ranks with work do, in the note the
+    other ranks' exception carries.
 
     Returns:
         `Shared(result, evidence)`.
@@ -203,11 +208,11 @@ def build_and_vouch(
     if error is not None:
         raise error
     if failed is not None:
-        raise _shared_error(failed, rank)
+        raise _shared_error(failed, rank, role)
     return Shared(result, found)
 
 
-def _shared_error(payload: bytes, rank: int) -> BaseException:
+def _shared_error(payload: bytes, rank: int, role: str) -> BaseException:
     """The exception a failing rank wrote to the store, with a note naming that rank."""
     try:
         failed, shared = pickle.loads(payload)
@@ -218,7 +223,6 @@ def _shared_error(payload: bytes, rank: int) -> BaseException:
     error: BaseException = shared
     if hasattr(error, "add_note"):  # Python 3.11+
         error.add_note(
-            f"(raised on rank {failed}, which builds the index caches; rank {rank} stops with "
-            "the same error)"
+            f"(raised on rank {failed}, which {role}; rank {rank} stops with the same error)"
         )
     return error

@@ -381,21 +381,27 @@ def _share(sizes: list[tuple[str, int]], world_size: int) -> dict[str, int]:
 
 
 def _agree(error: BaseException | None) -> None:
-    """Every rank's outcome to every rank: raise this rank's error, or a RuntimeError naming
-    another rank's, on all ranks at once."""
-    if not distributed.is_initialized():
-        if error is not None:
-            raise error
-        return
-    import torch.distributed as dist
+    """Every rank's outcome to every rank: the failing rank's exception is raised on all ranks
+    at once (the others' with a note naming it). Through the process group's store and one
+    barrier (`distributed.build_then_share`), never a collective over a tensor made in Python,
+    which gloo may free while the interpreter finalizes (an abort at exit)."""
+    # an interrupt still takes this rank to the barrier, or the others would wait there
+    shared = (
+        error
+        if error is None or isinstance(error, Exception)
+        else RuntimeError(f"{type(error).__name__} while tokenizing raw text")
+    )
 
-    outcomes: list[Any] = [None] * distributed.get_world_size()
-    dist.all_gather_object(outcomes, None if error is None else f"{type(error).__name__}: {error}")
-    if error is not None:
-        raise error
-    for rank, outcome in enumerate(outcomes):
-        if outcome is not None:
-            raise RuntimeError(f"rank {rank} failed to tokenize raw text: {outcome}")
+    def outcome() -> None:
+        if shared is not None:
+            raise shared
+
+    try:
+        distributed.build_then_share(outcome, role="tokenizes raw text")
+    except Exception:
+        if error is not None and error is not shared:
+            raise error from None
+        raise
 
 
 def _concatenate(
