@@ -524,14 +524,7 @@ class BlendedMegatronDatasetBuilder:
                     distributed.build_then_share(None)
             return [None] * len(Split)
 
-        # GPTDataset itself settles the .idx scan of its low-level dataset before reading it,
-        # skipping it when its cache entry proves the files unchanged (deferred_index_scans);
-        # a subclass's hooks might read the index first, so they get it scanned
-        from tokenmill.datasets.gpt import GPTDataset
-        from tokenmill.formats.megatron import deferred_index_scans
-
-        with deferred_index_scans() if self.cls is GPTDataset else contextlib.nullcontext():
-            return self._build_splits_of(dataset_path, split, sizes, synchronize_ranks)
+        return self._build_splits_of(dataset_path, split, sizes, synchronize_ranks)
 
     def _build_splits_of(
         self,

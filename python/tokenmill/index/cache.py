@@ -400,43 +400,6 @@ class IndexCache:
             sidecar_out,
         )
 
-    def data_proven_unchanged(self, data_prefixes: Sequence[str]) -> bool:
-        """Whether this entry's data fingerprint proves by `stat` alone that every data file is
-        the one its builder fingerprinted (fingerprint.sidecar_verdict). A builder opens a
-        dataset, scanning its `.idx` against its `.bin`, before it fingerprints them, so a
-        proven `.idx` needs no second scan (`formats.megatron.deferred_index_scans`).
-
-        False without a valid sidecar. Inside a build, the check is the one the next
-        load_or_build of this entry makes: the build's memo keeps it for that call."""
-        sidecar = self._file(data_fingerprint.FINGERPRINT_SUFFIX)
-        memo = _memo()
-        verdict = data_fingerprint.sidecar_verdict(data_prefixes, sidecar, memo)
-        if verdict is None:
-            return False
-        if memo is not None:
-            memo.verdicts[sidecar] = (tuple(data_prefixes), verdict)
-        return verdict[3]
-
-    def _stale_reasons_once(
-        self,
-        data_prefixes: Sequence[str],
-        recorded_out: dict[str, Any] | None,
-        sidecar_out: list[data_fingerprint.Sidecar] | None,
-    ) -> tuple[list[str], dict[str, Any]]:
-        """stale_reasons, or the result data_proven_unchanged kept for these prefixes (taken
-        once: a later check looks again)."""
-        memo = _memo()
-        sidecar = self._file(data_fingerprint.FINGERPRINT_SUFFIX)
-        kept = memo.verdicts.pop(sidecar, None) if memo is not None else None
-        if kept is not None and kept[0] == tuple(data_prefixes):
-            reasons, current, dated, _ = kept[1]
-            if recorded_out is not None:
-                recorded_out.update(dated.payload)
-            if sidecar_out is not None:
-                sidecar_out.append(dated)
-            return list(reasons), current
-        return self.stale_reasons(data_prefixes, recorded_out, sidecar_out)
-
     def _digest_here(self) -> bytes:
         """entry_digest of this copy: the description as configured (load compares the file
         with it) and the sidecar's bytes (one read; empty when there is none)."""
@@ -774,7 +737,7 @@ class IndexCache:
         Raises:
             StaleCacheError: the data changed and the entry may not be rebuilt here.
         """
-        stale, _ = self._stale_reasons_once(data_prefixes, recorded_out, sidecar_out)
+        stale, _ = self.stale_reasons(data_prefixes, recorded_out, sidecar_out)
         if stale and check_only:
             built_from = (f"{self.description_path}: built from other data: {r}" for r in stale)
             return None, [*problems, *built_from]
