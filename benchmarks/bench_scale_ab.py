@@ -10,6 +10,10 @@ to sample 0 and the CPU time (user + system, every thread) the process spent in 
 machine shared with other work the CPU time is the steadier of the two. With --strace, one more
 run per variant and phase counts its system calls (`strace -f -c`, whole process).
 
+Cold caches are set aside between runs and deleted at the end. On ext4, creating files soon
+after thousands were deleted costs kernel time (benchmarks/SCALE.md): cold runs of an
+invocation started right after another one's deletions show it (cold CPU up to 4x).
+
     python benchmarks/bench_scale_ab.py --variant on=/tmp/ab/on --variant off=/tmp/ab/off \\
         --sources 1000 --rounds 5 --strace
 """

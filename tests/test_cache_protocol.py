@@ -490,67 +490,6 @@ def test_a_trusting_rank_refuses_negative_ids_of_a_damaged_blend_entry(
         np.save(path, original)
 
 
-def test_a_warm_building_rank_skips_the_idx_scan_only_for_proven_files(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The builder postpones each source's .idx consistency scan; GPTDataset skips it when the
-    entry's data fingerprint proves by stat that the .idx and .bin are the files its builder
-    scanned, and runs it otherwise: on a cold build, for data changed since (a corrupt index is
-    refused as before, never planned from), for a subclass (whose hooks might read the index
-    first), and with cache_data_check="off" (no proof)."""
-    from tokenmill.datasets.builder import BlendedMegatronDatasetBuilder
-    from tokenmill.datasets.gpt import GPTDataset
-    from tokenmill.formats import megatron_index
-    from tokenmill.index import fingerprint
-
-    monkeypatch.setattr(fingerprint, "IDENTITY_MARGIN_NS", 0)  # the shards are new
-    rng = np.random.default_rng(21)
-    prefixes = [
-        write_megatron_shard(tmp_path / f"s{i}", random_documents(rng, 60)) for i in range(3)
-    ]
-    scanned: list[str] = []
-    real_validate = megatron_index._IndexReader.validate
-
-    def counting(reader: Any, *args: Any, **kwargs: Any) -> None:
-        scanned.append(os.path.basename(reader.idx_path))
-        real_validate(reader, *args, **kwargs)
-
-    monkeypatch.setattr(megatron_index._IndexReader, "validate", counting)
-
-    def open_blend(cls: Any = GPTDataset, **fields: Any) -> Any:
-        config = make_config(
-            tmp_path / "cache", split="100,0,0", blend=(prefixes, [1, 2, 3]), **fields
-        )
-        return BlendedMegatronDatasetBuilder(cls, [200, 0, 0], lambda: True, config).build()[0]
-
-    cold = open_blend()
-    assert sorted(scanned) == ["s0.idx", "s1.idx", "s2.idx"]
-    scanned.clear()
-    warm = open_blend()
-    assert scanned == []  # every entry proves its files: no scan
-    assert all(np.array_equal(warm[i]["tokens"], cold[i]["tokens"]) for i in range(0, len(cold), 7))
-
-    class Subclass(GPTDataset):
-        pass
-
-    open_blend(Subclass)  # its own entries (another class name): built, scanned at open
-    assert sorted(scanned) == ["s0.idx", "s1.idx", "s2.idx"]
-    scanned.clear()
-    open_blend(cache_data_check="off")
-    assert sorted(scanned) == ["s0.idx", "s1.idx", "s2.idx"]
-    scanned.clear()
-
-    # s1's index rewritten in place with a pointer out of order: a new ctime, so no proof
-    idx = prefixes[1] + ".idx"
-    raw = bytearray(Path(idx).read_bytes())
-    pointers = megatron_index.HEADER_SIZE + 4 * 60  # after the 60 lengths
-    raw[pointers + 8 : pointers + 16] = (10**9).to_bytes(8, "little")
-    Path(idx).write_bytes(bytes(raw))
-    with pytest.raises(DataFormatError, match=r"s1\.idx"):
-        open_blend()
-    assert "s1.idx" in scanned
-
-
 def test_a_warm_blend_stats_each_data_file_once_for_its_data_checks(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -417,22 +417,6 @@ class GPTDataset(MegatronDataset):
                 self.unique_description,
                 _ARRAY_NAMES,
             )
-        from tokenmill.formats.megatron import finish_index_scan, index_scan_pending
-
-        if index_scan_pending(self.dataset):
-            # the builder postponed the .idx scan (deferred_index_scans): skipped when this
-            # entry's data fingerprint proves the .idx and .bin are the files its builder
-            # scanned, run here otherwise, before any array of the index is read
-            prefixes = self.data_prefixes()
-            proven = (
-                self._cache is not None
-                and not self.config.defer_npy_index_mmap
-                and not self.config.fast_cache_load
-                and self.config.cache_data_check != "off"
-                and bool(prefixes)
-                and self._cache.data_proven_unchanged(prefixes)
-            )
-            finish_index_scan(self.dataset, proven)
         if self.config.defer_npy_index_mmap:
             assert self._cache is not None  # the config requires path_to_cache
             self.path_to_document_index = str(self._cache.array_path("document_index"))

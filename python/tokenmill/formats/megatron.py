@@ -48,8 +48,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 import numpy
@@ -81,11 +80,8 @@ __all__ = [
     "IndexedDataset",
     "IndexedDatasetBuilder",
     "check_path_text",
-    "deferred_index_scans",
-    "finish_index_scan",
     "get_bin_path",
     "get_idx_path",
-    "index_scan_pending",
     "shrunk_file_error",
 ]
 
@@ -142,58 +138,6 @@ def shrunk_file_error(path: str, mapped_size: int, fault: BaseException) -> Data
         f"{path}: data file is now {now}, but it was {mapped_size} bytes when mapped; it was "
         f"truncated or rewritten in place while a dataset read it ({fault})"
     )
-
-
-# The datasets whose .idx scan is postponed in this thread (deferred_index_scans), or None.
-_DEFERRAL = threading.local()
-
-
-@contextlib.contextmanager
-def deferred_index_scans() -> Iterator[None]:
-    """Within the block, an :class:`IndexedDataset` of local files opened in this thread
-    postpones the consistency scan of its ``.idx`` (``_IndexReader.validate``) until
-    :func:`finish_index_scan` settles it; those still pending when the block ends are scanned
-    then (not if the block raised: they are being discarded).
-
-    Why: the scan reads every length, pointer and document boundary of the index, 60-100 ms of
-    a 0.42 s warm open of 1,000 sources of 10,000 documents, while the rank that built a cache
-    entry recorded the identity of the very ``.idx`` and ``.bin`` it scanned in the entry's
-    data fingerprint. The builder uses the block for GPTDataset itself only, whose index hook
-    settles each scan (skipped when the fingerprint proves both files unchanged, run otherwise)
-    before it reads any array.
-    """
-    outer = getattr(_DEFERRAL, "pending", None)
-    pending: list[IndexedDataset] = []
-    _DEFERRAL.pending = pending
-    completed = False
-    try:
-        yield
-        completed = True
-    finally:
-        _DEFERRAL.pending = outer
-        if completed:
-            for dataset in pending:
-                finish_index_scan(dataset, proven=False)
-
-
-def index_scan_pending(dataset: Any) -> bool:
-    """Whether `dataset` (any low-level dataset) is an IndexedDataset whose `.idx` scan was
-    postponed (:func:`deferred_index_scans`) and is not settled yet."""
-    return getattr(dataset, "_scan_pending", False) is True
-
-
-def finish_index_scan(dataset: Any, proven: bool) -> None:
-    """Settle a postponed `.idx` scan: skipped when `proven` (the caller proved the `.idx` and
-    `.bin` are the files a builder scanned), run otherwise. Nothing if none is pending.
-
-    Raises:
-        DataFormatError: the scan found the index inconsistent.
-    """
-    if not index_scan_pending(dataset):
-        return
-    if not proven:
-        dataset.index.validate(dataset._bin_size, get_bin_path(dataset.path_prefix))
-    dataset._scan_pending = False
 
 
 class IndexedDataset:
@@ -290,7 +234,6 @@ class IndexedDataset:
         self.sequences_per_dataset = sequences_per_dataset
         self.dtype_code = dtype_code
         self._bin_descriptor = -1
-        self._scan_pending = False  # see deferred_index_scans
         self._token_view: npt.NDArray[Any] | None = None
         self._bin_file: _core.MappedFile | None = None  # the mapped .bin, for guarded probes
         self._entry_probing_bin: Callable[[int], tuple[int, int]] | None = None
@@ -314,7 +257,7 @@ class IndexedDataset:
             self._bin_size = _bin_status(bin_path).st_size
             self._check_bin_size(f"{bin_path}: data file", self.index.idx_path)
             if not fast_cache_load:
-                self._scan_or_defer(bin_path)
+                self.index.validate(self._bin_size, bin_path)
             if self._bin_size:
                 self._map_on_first_read = True
             else:  # an empty file cannot be mapped
@@ -326,7 +269,7 @@ class IndexedDataset:
             self._bin_size = os.fstat(descriptor).st_size
             self._check_bin_size(f"{bin_path}: data file", self.index.idx_path)
             if not fast_cache_load:
-                self._scan_or_defer(bin_path)
+                self.index.validate(self._bin_size, bin_path)
             self._bin_descriptor = descriptor
             descriptor = -1
         finally:
@@ -397,16 +340,6 @@ class IndexedDataset:
         if not self.fast_cache_load:
             self.index.validate(self._bin_size, bin_path)
         self.bin_reader = reader
-
-    def _scan_or_defer(self, bin_path: str) -> None:
-        """The `.idx` consistency scan, now or, inside :func:`deferred_index_scans`, when the
-        caller settles it (:func:`finish_index_scan`)."""
-        pending = getattr(_DEFERRAL, "pending", None)
-        if pending is None:
-            self.index.validate(self._bin_size, bin_path)
-            return
-        self._scan_pending = True
-        pending.append(self)
 
     def _check_bin_size(self, data: str, index: str) -> None:
         """DataFormatError unless the `.bin` (`data`, of `self._bin_size` bytes) ends where the

@@ -317,6 +317,38 @@ def cache_session(session: CacheSession) -> Iterator[CacheSession]:
             context.session = None
 
 
+@dataclass
+class _Access:
+    """One IndexCache.load_or_build: its inputs, and what each step found for the next."""
+
+    context: BuildContext
+    spec: EntrySpec
+    may_build: bool
+    started: float
+    trusted: bool = False  # probe: this copy has the digest the builders handed over
+    checking: bool = False  # the data is checked (a policy, data files, not trusted)
+    later: bool = False  # values checked after the data check, unless the sidecar vouches
+    statuses: dict[str, dict[str, int]] | None = None  # each array file's status (later)
+    described: bool | None = None  # whether the description exists (None: not looked at)
+    recorded: dict[str, Any] = field(default_factory=dict)  # the sidecar's payload, if valid
+    sidecar: list[data_fingerprint.Sidecar] = field(default_factory=list)
+
+    @property
+    def session(self) -> CacheSession | None:
+        session: CacheSession | None = self.context.session
+        return session
+
+    @property
+    def check_only(self) -> bool:
+        return self.session is not None and self.session.check_only
+
+    def record(self, cache: IndexCache, built: bool, saved: bool, problems: Sequence[str]) -> None:
+        session = self.session
+        if session is not None:
+            seconds = time.perf_counter() - self.started
+            session.record(CacheEvent(cache, built, saved, tuple(problems), seconds))
+
+
 @dataclass(frozen=True)
 class IndexCache:
     """The files of one cached dataset: `<directory>/<hash>-<class>-<split>-*`."""
@@ -383,43 +415,6 @@ class IndexCache:
             _memo(),
             sidecar_out,
         )
-
-    def data_proven_unchanged(self, data_prefixes: Sequence[str]) -> bool:
-        """Whether this entry's data fingerprint proves by `stat` alone that every data file is
-        the one its builder fingerprinted (fingerprint.sidecar_verdict). A builder opens a
-        dataset, scanning its `.idx` against its `.bin`, before it fingerprints them, so a
-        proven `.idx` needs no second scan (`formats.megatron.deferred_index_scans`).
-
-        False without a valid sidecar. Inside a build, the check is the one the next
-        load_or_build of this entry makes: the build's memo keeps it for that call."""
-        sidecar = self._file(data_fingerprint.FINGERPRINT_SUFFIX)
-        memo = _memo()
-        verdict = data_fingerprint.sidecar_verdict(data_prefixes, sidecar, memo)
-        if verdict is None:
-            return False
-        if memo is not None:
-            memo.verdicts[sidecar] = (tuple(data_prefixes), verdict)
-        return verdict[3]
-
-    def _stale_reasons_once(
-        self,
-        data_prefixes: Sequence[str],
-        recorded_out: dict[str, Any] | None,
-        sidecar_out: list[data_fingerprint.Sidecar] | None,
-    ) -> tuple[list[str], dict[str, Any]]:
-        """stale_reasons, or the result data_proven_unchanged kept for these prefixes (taken
-        once: a later check looks again)."""
-        memo = _memo()
-        sidecar = self._file(data_fingerprint.FINGERPRINT_SUFFIX)
-        kept = memo.verdicts.pop(sidecar, None) if memo is not None else None
-        if kept is not None and kept[0] == tuple(data_prefixes):
-            reasons, current, dated, _ = kept[1]
-            if recorded_out is not None:
-                recorded_out.update(dated.payload)
-            if sidecar_out is not None:
-                sidecar_out.append(dated)
-            return list(reasons), current
-        return self.stale_reasons(data_prefixes, recorded_out, sidecar_out)
 
     def _digest_here(self) -> bytes:
         """entry_digest of this copy: the description as configured (load compares the file
@@ -610,91 +605,115 @@ class IndexCache:
                 f"got {spec.data_check!r}"
             )
         with build_context() as context:
-            return self._load_or_build(
-                context, build, spec.arrays, may_build, spec.trust_presence,
-                spec.data_prefixes, spec.data_check, spec.kernel_built,
-            )  # fmt: skip
+            access = _Access(context, spec, may_build, time.perf_counter())
+            arrays, problems = self._probe(access)
+            arrays, problems = self._verify(access, arrays, problems)
+            if arrays is not None:
+                return self._hit(access, arrays), False
+            return self._build(access, build, problems), True
 
-    def _load_or_build(
-        self,
-        context: BuildContext,
-        build: Callable[[], Mapping[str, npt.NDArray[Any]]],
-        specs: Mapping[str, ArraySpec] | None,
-        may_build: bool,
-        trust_presence: bool,
-        data_prefixes: Sequence[str],
-        data_check: str,
-        kernel_built: bool,
-    ) -> tuple[dict[str, npt.NDArray[Any]], bool]:
-        session = context.session
-        check_only = session is not None and session.check_only
-        started = time.perf_counter()
+    # The steps of load_or_build: probe -> verify -> (hit | build -> stage -> commit). Staging
+    # and committing are `save` (cache_writes.write_entry: now, or when the enclosing batch
+    # ends); each optimisation sits inside one step (docs/cache-protocol.md).
+
+    def _probe(self, access: _Access) -> tuple[dict[str, npt.NDArray[Any]] | None, list[str]]:
+        """Whether this rank trusts the builders' check of this copy (its digest is the one
+        they handed over), then the entry as on disk: description, arrays with their dtypes and
+        shapes, and their values unless they are checked after the data (`access.later`) or
+        trusted. Sweeps the directory's abandoned temporaries first (a builder, once per build).
+        """
+        context, spec = access.context, access.spec
         # A rank that does not build trusts the builders' check of an entry when the copy it
         # reads is the one they checked: their digest of it (evidence) equals this copy's.
-        trusted = False
-        if not may_build and context.evidence is not None:
+        if not access.may_build and context.evidence is not None:
             expected = context.evidence.get(self.base)
-            trusted = expected is not None and expected == self._digest_here()
-        checking = data_check != "off" and len(data_prefixes) > 0 and not trusted
-
-        def record(built: bool, saved: bool, problems: Sequence[str]) -> None:
-            if session is not None:
-                seconds = time.perf_counter() - started
-                session.record(CacheEvent(self, built, saved, tuple(problems), seconds))
-
-        if may_build and not check_only:
+            access.trusted = expected is not None and expected == self._digest_here()
+        access.checking = (
+            spec.data_check != "off" and len(spec.data_prefixes) > 0 and not access.trusted
+        )
+        if access.may_build and not access.check_only:
             # a killed writer's temporaries go on the next build's first visit (hit or miss)
             _sweep_abandoned(self.directory, context)
         # With a data check, the values are checked after it, unless the entry's fingerprint
         # sidecar vouches for these very files (fingerprint.vouches_for); a session (build-cache)
         # always checks them.
-        later = checking and bool(specs) and session is None
-        statuses: dict[str, dict[str, int]] | None = {} if later else None
-        arrays, problems, described = self._load(
-            specs,
-            check_description=not trust_presence,
-            check_values=not trusted and not later,
-            statuses=statuses,
-            full=session is not None,
+        access.later = access.checking and bool(spec.arrays) and access.session is None
+        access.statuses = {} if access.later else None
+        arrays, problems, access.described = self._load(
+            spec.arrays,
+            check_description=not spec.trust_presence,
+            check_values=not access.trusted and not access.later,
+            statuses=access.statuses,
+            full=access.session is not None,
         )
+        return arrays, problems
+
+    def _verify(
+        self,
+        access: _Access,
+        arrays: dict[str, npt.NDArray[Any]] | None,
+        problems: list[str],
+    ) -> tuple[dict[str, npt.NDArray[Any]] | None, list[str]]:
+        """The probed entry against the data (fingerprint sidecar; may raise StaleCacheError),
+        then its values unless the sidecar vouches for these very array files."""
+        spec = access.spec
         # An existing entry is checked against the data even when its arrays no longer fit the
         # config (new data usually changes their shapes): "error" must never rebuild silently.
-        recorded: dict[str, Any] = {}
-        sidecar: list[data_fingerprint.Sidecar] = []
-        if described is None and checking:
-            described = os.path.isfile(self._file("description.txt"))
-        if checking and described:
+        if access.described is None and access.checking:
+            access.described = os.path.isfile(self._file("description.txt"))
+        if access.checking and access.described:
             arrays, problems = self._check_data(
-                arrays, problems, data_prefixes, data_check, may_build, check_only, recorded,
-                sidecar,
+                arrays, problems, spec.data_prefixes, spec.data_check, access.may_build,
+                access.check_only, access.recorded, access.sidecar,
             )  # fmt: skip
         vouched = False
-        if later and arrays is not None and specs:
+        if access.later and arrays is not None and spec.arrays:
             vouched = data_fingerprint.vouches_for(
-                recorded, statuses or {}, sidecar[0].changed_ns if sidecar else None
+                access.recorded,
+                access.statuses or {},
+                access.sidecar[0].changed_ns if access.sidecar else None,
             )
             if not vouched:
-                problems = self._value_problems(arrays, specs, full=False)
+                problems = self._value_problems(arrays, spec.arrays, full=False)
                 if problems:
                     arrays = None
-        if arrays is not None and vouched and may_build and not check_only:
+        if arrays is not None and vouched and access.may_build and not access.check_only:
             # data fingerprinted within the margin of its last change is hashed on every
             # check until its sidecar is dated after the margin (fingerprint.reseal)
             data_fingerprint.reseal(
-                self._file(data_fingerprint.FINGERPRINT_SUFFIX), sidecar[0], data_prefixes, _memo()
+                self._file(data_fingerprint.FINGERPRINT_SUFFIX),
+                access.sidecar[0],
+                spec.data_prefixes,
+                _memo(),
             )
-        if arrays is not None:
-            if context.vouched is not None and may_build and not check_only:
-                raw = sidecar[0].raw if sidecar else None
-                digest = entry_digest(self.description, raw) if raw else self._digest_here()
-                context.record_vouched(self.base, digest)
-            record(False, False, ())
-            return arrays, False
-        if check_only:
+        return arrays, problems
+
+    def _hit(
+        self, access: _Access, arrays: dict[str, npt.NDArray[Any]]
+    ) -> dict[str, npt.NDArray[Any]]:
+        """A verified entry: its digest for the ranks that trust this builder, the event."""
+        context = access.context
+        if context.vouched is not None and access.may_build and not access.check_only:
+            raw = access.sidecar[0].raw if access.sidecar else None
+            digest = entry_digest(self.description, raw) if raw else self._digest_here()
+            context.record_vouched(self.base, digest)
+        access.record(self, False, False, ())
+        return arrays
+
+    def _build(
+        self,
+        access: _Access,
+        build: Callable[[], Mapping[str, npt.NDArray[Any]]],
+        problems: list[str],
+    ) -> dict[str, npt.NDArray[Any]]:
+        """A miss: built in memory only (check_only), refused (a rank that does not build), or
+        built and saved (staged, and committed now or with the enclosing batch)."""
+        spec, context = access.spec, access.context
+        if access.check_only:
             built = dict(build())
-            record(True, False, problems)
-            return built, True
-        if not may_build:
+            access.record(self, True, False, problems)
+            return built
+        if not access.may_build:
             raise CacheError(
                 "index cache is missing or invalid and this rank does not build caches "
                 "(the building rank should have written it before the barrier; is "
@@ -708,17 +727,19 @@ class IndexCache:
         with contextlib.nullcontext() if batch else self.locked():
             if not batch:
                 # another writer may have built it while this process waited for the lock
-                arrays, problems = self.load(specs, check_description=not trust_presence)
-                if arrays is not None and not (checking and self.stale_reasons(data_prefixes)[0]):
+                arrays, problems = self.load(spec.arrays, check_description=not spec.trust_presence)
+                if arrays is not None and not (
+                    access.checking and self.stale_reasons(spec.data_prefixes)[0]
+                ):
                     context.record_vouched(self.base, self._digest_here())
-                    record(False, False, ())
-                    return arrays, False
+                    access.record(self, False, False, ())
+                    return arrays
             built = self._build_and_save(
-                context, build, data_prefixes if checking else (), specs,
-                check_values=not kernel_built,
+                context, build, spec.data_prefixes if access.checking else (), spec.arrays,
+                check_values=not spec.kernel_built,
             )  # fmt: skip
-        record(True, True, problems)
-        return built, True
+        access.record(self, True, True, problems)
+        return built
 
     def _check_data(
         self,
@@ -739,7 +760,7 @@ class IndexCache:
         Raises:
             StaleCacheError: the data changed and the entry may not be rebuilt here.
         """
-        stale, _ = self._stale_reasons_once(data_prefixes, recorded_out, sidecar_out)
+        stale, _ = self.stale_reasons(data_prefixes, recorded_out, sidecar_out)
         if stale and check_only:
             built_from = (f"{self.description_path}: built from other data: {r}" for r in stale)
             return None, [*problems, *built_from]

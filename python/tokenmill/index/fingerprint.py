@@ -74,7 +74,6 @@ __all__ = [
     "fingerprint_prefixes",
     "read_fingerprint",
     "reseal",
-    "sidecar_verdict",
     "stale_reasons",
     "vouches_for",
     "write_fingerprint",
@@ -193,9 +192,6 @@ class FileMemo:
     def __init__(self) -> None:
         self.fingerprints: dict[str, dict[str, Any]] = {}
         self.stats: dict[str, os.stat_result] = {}
-        # sidecar_verdict's result by sidecar path, kept by a check made before an entry's
-        # load (the .idx scan's settling) for that load's own check (taken once)
-        self.verdicts: dict[str, tuple[tuple[str, ...], Any]] = {}
 
 
 def _stat_once(path: str, memo: FileMemo | None) -> os.stat_result:
@@ -580,27 +576,6 @@ def fingerprint_bytes(
 def write_fingerprint(path: str | os.PathLike[str], payload: Mapping[str, Any]) -> None:
     """Write a fingerprint sidecar atomically (temporary file + rename)."""
     fingerprint_writer(path, payload).commit()
-
-
-def sidecar_verdict(
-    prefixes: Iterable[str], sidecar: str | os.PathLike[str], memo: FileMemo | None = None
-) -> tuple[list[str], dict[str, Any], Sidecar, bool] | None:
-    """The data check of an entry against its sidecar: (reasons, current payload, the sidecar,
-    proven), or None when there is no valid sidecar (nothing is fingerprinted then).
-    `proven`: the sidecar proves by `stat` alone that every data file is the one its builder
-    fingerprinted (:func:`_unchanged`: no sampled hash was needed).
-
-    Raises:
-        FileNotFoundError: a data file is missing.
-    """
-    try:
-        dated = _read_fingerprint_dated(sidecar)
-    except DataFormatError:
-        return None
-    if dated is None:
-        return None
-    reasons, current, proven = _against(dated.payload, dated.written_ns, prefixes, memo)
-    return reasons, current, dated, proven
 
 
 def _against(
