@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import enum
 import importlib
+import importlib.metadata
 import inspect
 import itertools
 import logging
@@ -82,12 +83,26 @@ ALLOWED: dict[str, tuple[str, str]] = {
         "missing",
         "the index map is released with the reader; nothing to close by hand",
     ),
+    "indexed_dataset.IndexedDatasetBuilder.add_documents": (
+        "differs",
+        "takes tokenmill's (tokens, sequence_lengths, sequences_per_document) and Megatron-LM "
+        "main's (documents, modes=None, eod_token=None, chunk_size=...), told apart by keywords "
+        "or the first argument",
+    ),
     "object_storage_utils.ObjectStorageConfig.__init__": (
         "differs",
         "bin_chunk_nbytes defaults to 4 MiB in an LRU of 256 MiB (megatron: one 256 MiB chunk); "
         "cache, prefetch and retry fields follow",
     ),
 }
+if megatron_version._parse(importlib.metadata.version("megatron-core")) >= (0, 20):
+    # Megatron-LM main names log_single_rank's level and msg; 0.16-0.19 pass them in *args.
+    # tokenmill keeps the older form, which takes main's calls (positional level and msg) too.
+    for _module in MODULES:
+        ALLOWED[f"{_module}.log_single_rank"] = (
+            "differs",
+            "(logger, *args, rank=0, **kwargs) takes main's (logger, level, msg, ...) calls",
+        )
 for _module in ("object_storage_utils", "indexed_dataset", "gpt_dataset"):
     for _name in ("ObjectStorageConfig", "S3Config"):
         for _suffix in ("", ".__init__"):
