@@ -1,19 +1,21 @@
 """`ds[i]` on megatron's defaults (`create_attention_mask=True`), megatron-core against tokenmill.
 
-Usage: python benchmarks/bench_attention_mask.py [--samples 300] [--keep 200] [--repeat 3]
+Usage: python benchmarks/bench_attention_mask.py [--samples 300] [--keep 1000] [--repeat 3]
 
 Each measurement is a fresh Python process that builds a GPTDataset at S=2048 with megatron's
 defaults (dense attention mask, no reset flags, no EOD loss mask) over the same generated uint16
 corpus, warm page cache, once with `megatron.core.datasets` (stock) and once after
 `tokenmill.patch_megatron()`. Measured: time per `ds[i]` over `--samples` random indices after
-20 warm-up samples, and resident memory per sample while a list keeps `--keep` samples (RSS
-after minus before, divided by the count: what a prefetch queue or a list of samples costs).
-The runs alternate stock / tokenmill; medians and ratios are printed and written to
-benchmarks/results/attention_mask.json.
+20 warm-up samples, and memory per sample while a list keeps `--keep` samples (what a prefetch
+queue or a list of samples costs): resident memory (RSS after minus before, divided by the
+count) and glibc's heap in use (`mallinfo2().uordblks`, the same difference: exact, where RSS
+moves by whole pages). The runs alternate stock / tokenmill; medians and ratios are printed and
+written to benchmarks/results/attention_mask.json.
 
 Both libraries hand every sample one cached `[1, S, S]` causal mask object (megatron-core caches
 it on the dataset; tokenmill caches it per process and length), so neither builds a 4 MiB mask
-per sample.
+per sample, and both return a sample's tokens and labels as the two overlapping views of one
+S + 1 token tensor (one 16 KiB buffer per kept sample at S=2048, not two).
 """
 
 from __future__ import annotations
@@ -36,6 +38,20 @@ _VOCAB_SIZE = 50000
 def _rss_bytes() -> int:
     with open("/proc/self/statm") as stream:
         return int(stream.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _heap_in_use() -> int:
+    """glibc's allocated heap bytes (`mallinfo2().uordblks`)."""
+    import ctypes
+
+    names = "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost"
+
+    class MallInfo2(ctypes.Structure):
+        _fields_ = [(name, ctypes.c_size_t) for name in names.split()]
+
+    libc = ctypes.CDLL("libc.so.6")
+    libc.mallinfo2.restype = MallInfo2
+    return int(libc.mallinfo2().uordblks)
 
 
 def child(args: argparse.Namespace) -> None:
@@ -77,9 +93,10 @@ def child(args: argparse.Namespace) -> None:
     for idx in order[20:]:
         dataset[idx]
     seconds = (time.perf_counter() - started) / args.samples
-    before = _rss_bytes()
-    kept = [dataset[idx] for idx in rng.integers(0, len(dataset), size=args.keep).tolist()]
-    after = _rss_bytes()
+    chosen = rng.integers(0, len(dataset), size=args.keep).tolist()
+    before, heap_before = _rss_bytes(), _heap_in_use()
+    kept = [dataset[idx] for idx in chosen]
+    after, heap_after = _rss_bytes(), _heap_in_use()
     assert len(kept) == args.keep
     print(
         json.dumps(
@@ -87,6 +104,7 @@ def child(args: argparse.Namespace) -> None:
                 "library": args.child,
                 "ms_per_sample": seconds * 1e3,
                 "kib_per_kept_sample": (after - before) / args.keep / 1024,
+                "heap_kib_per_kept_sample": (heap_after - heap_before) / args.keep / 1024,
             }
         )
     )
@@ -115,7 +133,7 @@ def _corpus(workdir: str, tokens: int) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--samples", type=int, default=300)
-    parser.add_argument("--keep", type=int, default=200)
+    parser.add_argument("--keep", type=int, default=1000)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--tokens", type=int, default=4_000_000)
     parser.add_argument("--child", choices=("megatron-core", "tokenmill"))
@@ -160,7 +178,7 @@ def main() -> None:
     medians = {
         library: {
             key: statistics.median(run[key] for run in values)
-            for key in ("ms_per_sample", "kib_per_kept_sample")
+            for key in ("ms_per_sample", "kib_per_kept_sample", "heap_kib_per_kept_sample")
         }
         for library, values in runs.items()
     }

@@ -11,14 +11,41 @@ first (the difference tokenmill documents; see test_megatron_compat.py).
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import re
 import traceback
+import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+
+
+def stock_needs_a_process_group(installed: tuple[int, ...] | None) -> bool:
+    """megatron-core 0.16 and 0.17's BlendedDataset calls `torch.distributed.get_rank()` on a
+    cache miss, which raises without a process group (0.18 asks `is_initialized()` first)."""
+    return installed is not None and tuple(installed[:2]) < (0, 18)
+
+
+@contextlib.contextmanager
+def one_rank_process_group(directory: Path) -> Iterator[None]:
+    """A one-rank gloo process group (its file store in `directory`), as a Megatron-LM job has,
+    destroyed on exit; nothing when one is already initialised."""
+    if torch.distributed.is_initialized():
+        yield
+        return
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.distributed.init_process_group(
+            "gloo", init_method=f"file://{directory / 'store'}", rank=0, world_size=1
+        )
+    try:
+        yield
+    finally:
+        torch.distributed.destroy_process_group()
 
 
 def disable_mask_cache(dataset: Any) -> None:

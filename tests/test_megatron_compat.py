@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import enum
 import importlib
+import importlib.metadata
 import inspect
 import itertools
 import logging
@@ -82,12 +83,26 @@ ALLOWED: dict[str, tuple[str, str]] = {
         "missing",
         "the index map is released with the reader; nothing to close by hand",
     ),
+    "indexed_dataset.IndexedDatasetBuilder.add_documents": (
+        "differs",
+        "takes tokenmill's (tokens, sequence_lengths, sequences_per_document) and Megatron-LM "
+        "main's (documents, modes=None, eod_token=None, chunk_size=...), told apart by keywords "
+        "or the first argument",
+    ),
     "object_storage_utils.ObjectStorageConfig.__init__": (
         "differs",
         "bin_chunk_nbytes defaults to 4 MiB in an LRU of 256 MiB (megatron: one 256 MiB chunk); "
         "cache, prefetch and retry fields follow",
     ),
 }
+if megatron_version._parse(importlib.metadata.version("megatron-core")) >= (0, 20):
+    # Megatron-LM main names log_single_rank's level and msg; 0.16-0.19 pass them in *args.
+    # tokenmill keeps the older form, which takes main's calls (positional level and msg) too.
+    for _module in MODULES:
+        ALLOWED[f"{_module}.log_single_rank"] = (
+            "differs",
+            "(logger, *args, rank=0, **kwargs) takes main's (logger, level, msg, ...) calls",
+        )
 for _module in ("object_storage_utils", "indexed_dataset", "gpt_dataset"):
     for _name in ("ObjectStorageConfig", "S3Config"):
         for _suffix in ("", ".__init__"):
@@ -836,8 +851,9 @@ def test_values_numpy_would_change_are_refused(tmp_path: Path) -> None:
 
 
 def test_multimodal_add_document_without_modes(tmp_path: Path) -> None:
-    """Megatron-LM main (#5726) fixed `modes=None` for multimodal builders (0.19.2 raises
-    TypeError): tokenmill gives every sequence mode 0, as main does."""
+    """Megatron-LM main (#5726) fixed `modes=None` for multimodal builders (0.16 to 0.19
+    raise TypeError): tokenmill gives every sequence mode 0, as main does (and main's file is
+    the same)."""
     builder = IndexedDatasetBuilder(str(tmp_path / "mm.bin"), dtype=np.uint16, multimodal=True)
     builder.add_document([1, 2, 3, 4], [1, 3])
     assert builder.sequence_modes == [0, 0]  # main's test_builder compares the builder's list
@@ -846,9 +862,15 @@ def test_multimodal_add_document_without_modes(tmp_path: Path) -> None:
     theirs = THEIRS["indexed_dataset"].IndexedDatasetBuilder(
         str(tmp_path / "m.bin"), dtype=np.uint16, multimodal=True
     )
-    with pytest.raises(TypeError):
-        theirs.add_document([1, 2, 3, 4], [1, 3])
-    theirs.data_file.close()
+    if megatron_version.followed() < (0, 20):
+        with pytest.raises(TypeError):
+            theirs.add_document([1, 2, 3, 4], [1, 3])
+        theirs.data_file.close()
+        return
+    theirs.add_document([1, 2, 3, 4], [1, 3])
+    theirs.finalize(str(tmp_path / "m.idx"))
+    for suffix in (".bin", ".idx"):
+        assert (tmp_path / f"m{suffix}").read_bytes() == (tmp_path / f"mm{suffix}").read_bytes()
 
 
 def test_builder_attributes_read_as_megatrons_lists(tmp_path: Path) -> None:

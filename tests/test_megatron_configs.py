@@ -33,6 +33,7 @@ documented difference, tests/test_megatron_versions.py).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib.metadata
 import json
@@ -48,7 +49,13 @@ import pytest
 from covering import NIGHTLY, all_pairs, pairs_of, pairwise_cases, suite
 
 from conftest import random_documents, write_megatron_shard
-from megatron_compare import assert_same_refusal, cache_files, compare_results
+from megatron_compare import (
+    assert_same_refusal,
+    cache_files,
+    compare_results,
+    one_rank_process_group,
+    stock_needs_a_process_group,
+)
 from oracles import import_oracle
 
 pytestmark = [
@@ -71,9 +78,8 @@ from tokenmill.megatron.indexed_dataset import _IndexReader
 INSTALLED = megatron_version._parse(importlib.metadata.version("megatron-core"))
 # The fields of the installed release's GPTDatasetConfig: a drawn flag it lacks is left out.
 MEGATRON_FIELDS = frozenset(item.name for item in dataclasses.fields(megatron_gpt.GPTDatasetConfig))
-# megatron-core 0.16 and 0.17's BlendedDataset call torch.distributed.get_rank() on a cache miss
-# (0.18 asks is_initialized() first).
-NEEDS_PROCESS_GROUP = INSTALLED is not None and INSTALLED < (0, 18)
+# megatron-core 0.16 and 0.17's BlendedDataset ask torch.distributed.get_rank() on a cache miss
+NEEDS_PROCESS_GROUP = stock_needs_a_process_group(INSTALLED)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -82,17 +88,10 @@ def _as_a_megatron_job(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Non
     patch itself would make the oracle's modules tokenmill's), and on 0.16 and 0.17 both run in
     a one-rank gloo process group."""
     megatron_version.follow_installed()
-    group = NEEDS_PROCESS_GROUP and not torch.distributed.is_initialized()
-    if group:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            store = tmp_path_factory.mktemp("process-group") / "store"
-            torch.distributed.init_process_group(
-                "gloo", init_method=f"file://{store}", rank=0, world_size=1
-            )
-    yield
-    if group:
-        torch.distributed.destroy_process_group()
+    with contextlib.ExitStack() as stack:
+        if NEEDS_PROCESS_GROUP:
+            stack.enter_context(one_rank_process_group(tmp_path_factory.mktemp("process-group")))
+        yield
     megatron_version._followed = None
 
 

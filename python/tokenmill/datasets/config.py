@@ -65,6 +65,11 @@ TOKENMILL_FIELDS = frozenset(
 """Config fields megatron-core 0.19 does not have (tokenmill's own, and Megatron-LM main's):
 left out of the config in megatron's log lines."""
 
+_MAIN_FIELDS = frozenset(
+    {"sft_mock_dataset_config_json", "varlen_mock_dataset_config_json", "varlen_sbhd_validation"}
+)
+"""Megatron-LM main's (0.20) fields of the list above: in its log lines when main is followed."""
+
 _UINT16_CARDINALITY = 1 << 16
 
 
@@ -201,12 +206,17 @@ class BlendedMegatronDatasetConfig:
     def megatron_repr(self) -> str:
         """megatron-core's repr of this config: the dataclass repr without tokenmill's own
         fields (`TOKENMILL_FIELDS`), as megatron's builder logs it."""
-        # fields of megatron-core 0.19 that the release followed does not have yet
-        hidden = {"inter_document_masking"} if followed() < (0, 19) else set()
+        # fields of megatron-core 0.19 that the release followed does not have yet, and of
+        # Megatron-LM main (0.20) when it is followed
+        hidden = set(TOKENMILL_FIELDS)
+        if followed() < (0, 19):
+            hidden.add("inter_document_masking")
+        if followed() >= (0, 20):
+            hidden -= _MAIN_FIELDS
         shown = [
             f"{item.name}={getattr(self, item.name)!r}"
             for item in fields(self)
-            if item.repr and item.name not in TOKENMILL_FIELDS and item.name not in hidden
+            if item.repr and item.name not in hidden
         ]
         return f"{type(self).__qualname__}({', '.join(shown)})"
 

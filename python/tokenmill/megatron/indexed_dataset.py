@@ -16,6 +16,7 @@ storage), so these reader classes are for code that constructs them directly.
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import os
 import time
@@ -55,6 +56,7 @@ from tokenmill.megatron.object_storage_utils import (
 from tokenmill.megatron.utils import log_single_rank
 
 __all__ = [
+    "HAVE_AWKWARD",
     "OBJECT_STORAGE_BIN_READERS",
     "DType",
     "IndexedDataset",
@@ -73,6 +75,9 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+
+HAVE_AWKWARD = importlib.util.find_spec("awkward") is not None
+"""Megatron-LM main's flag: whether awkward arrays (its `add_documents` input) are importable."""
 
 _INDEX_HEADER = INDEX_HEADER
 
