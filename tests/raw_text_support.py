@@ -232,3 +232,35 @@ def rank_main(job: dict[str, Any], rank: int) -> None:
         json.dumps({"digest": digest, "tokenized": tokenized, "pipeline_runs": len(runs)})
     )
     dist.destroy_process_group()
+
+
+def resolve_after_rank_0_main(job: dict[str, Any], rank: int) -> None:
+    """One rank resolving the raw-text entries (`tokenize_raw_text`) only: rank 1 starts only
+    once rank 0 has finished resolving (or after 30 s), and writes whether it had to give up
+    waiting to ``<out>/<rank>.json``."""
+    import time
+
+    import torch.distributed as dist
+
+    from tokenmill.raw_text import RawText
+    from tokenmill.raw_text.resolver import tokenize_raw_text
+
+    dist.init_process_group(
+        "gloo", init_method=job["rendezvous"], rank=rank, world_size=job["world"]
+    )
+    signal = Path(job["out"], "rank-0-resolved")
+    gave_up = False
+    if rank == 1:
+        deadline = time.monotonic() + 30
+        while not signal.exists() and not gave_up:
+            time.sleep(0.01)
+            gave_up = time.monotonic() > deadline
+    options = RawText(threads=1, progress=False)
+    prefixes, _, _ = tokenize_raw_text(job["entries"], job["tokenizer"], job["raw_cache"], options)
+    if rank == 0:
+        signal.touch()
+    dist.barrier()
+    Path(job["out"], f"{rank}.json").write_text(
+        json.dumps({"gave_up": gave_up, "prefixes": sorted(prefixes.values())})
+    )
+    dist.destroy_process_group()

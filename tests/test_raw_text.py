@@ -26,6 +26,7 @@ from raw_text_support import (
     gpt_config,
     make_corpora,
     rank_main,
+    resolve_after_rank_0_main,
     samples_digest,
     train_bpe,
     write_corpus,
@@ -331,6 +332,28 @@ def test_a_killed_launch_resumes_the_remaining_pieces(
     assert len(tokenized) == len(set(tokenized)) == 8 - len(committed)
     assert len(list(pieces.glob("*.tokenmill.json"))) == 8
     assert not any(Path(job["raw_cache"], "tmp").iterdir()), "a killed launch's leftovers stay"
+
+
+@pytest.mark.distributed
+def test_a_warm_relaunch_waits_for_no_other_rank(
+    tmp_path: Path, corpora: dict[str, str], bpe: str
+) -> None:
+    # every piece is in the cache: rank 0 resolves the entries and goes on while rank 1 has not
+    # even started (no barrier among the ranks; it joined one, so rank 0 would wait for rank 1,
+    # which waits for rank 0, for 30 s)
+    entries = [corpora["jsonl"], corpora["directory"]]
+    _finish(_launch(_job(tmp_path, 2, entries, bpe, "first")))
+    second = _job(tmp_path, 2, entries, bpe, "second")
+    processes = {
+        rank: FORK.Process(target=resolve_after_rank_0_main, args=(second, rank))
+        for rank in range(2)
+    }
+    for process in processes.values():
+        process.start()
+    _finish(processes)
+    results = [json.loads(Path(second["out"], f"{r}.json").read_text()) for r in range(2)]
+    assert not results[1]["gave_up"], "rank 0 waited for rank 1 before it could go on"
+    assert results[0]["prefixes"] == results[1]["prefixes"]
 
 
 def hf_tokenizer_directory(directory: Path) -> Path:

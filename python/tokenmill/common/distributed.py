@@ -32,6 +32,7 @@ __all__ = [
     "is_cache_builder",
     "is_initialized",
     "local_rank",
+    "share_outcome",
 ]
 
 
@@ -210,6 +211,52 @@ def build_and_vouch(
     if failed is not None:
         raise _shared_error(failed, rank, role)
     return Shared(result, found)
+
+
+_OUTCOME_PREFIX = "tokenmill/share_outcome/"
+
+
+def share_outcome(
+    error: BaseException | None, waited_for: Any, role: str = "tokenizes raw text"
+) -> None:
+    """Publish this rank's outcome, then wait only for the outcomes of the ranks in
+    `waited_for` (an iterable of ranks; this rank is skipped) and raise the first failure
+    among them. Not a collective: nothing here waits for a rank outside `waited_for`, so a rank
+    that needs nothing from the others (a warm relaunch: every piece already in the cache)
+    goes on at once, and ranks that wait on different sets cannot deadlock. Every rank must
+    call it the same number of times, in the same order (the n-th calls share a key space).
+
+    Through the process group's store only (as :func:`build_and_vouch`: no tensor a
+    communication library's thread could free at exit). The store may live in rank 0's
+    process; callers go on to a collective (the index build's), so rank 0 outlives the
+    readers. A rank in `waited_for` that dies before publishing leaves the waiter in the
+    store's timeout (the launcher, torchrun or Slurm, ends the job first).
+
+    Raises:
+        `error` (this rank's own), else the first failure published by a rank in
+        `waited_for`, with a note naming that rank and `role`.
+    """
+    dist = _dist()
+    if dist is None:
+        if error is not None:
+            raise error
+        return
+    store = dist.distributed_c10d._get_default_store()
+    rank = int(dist.get_rank())
+    call = int(store.add(f"{_OUTCOME_PREFIX}calls/{rank}", 1))
+    key = f"{_OUTCOME_PREFIX}{call}/"
+    outcome = None if error is None else _portable(error)
+    store.set(key + str(rank), pickle.dumps((rank, outcome)))
+    if error is not None:
+        raise error
+    others = sorted({int(other) for other in waited_for} - {rank})
+    if not others:
+        return
+    store.wait([key + str(other) for other in others])
+    for other in others:
+        payload = bytes(store.get(key + str(other)))
+        if pickle.loads(payload)[1] is not None:
+            raise _shared_error(payload, rank, role)
 
 
 def _shared_error(payload: bytes, rank: int, role: str) -> BaseException:

@@ -21,8 +21,10 @@ Algorithm (:func:`tokenize_raw_text`, run by every rank with the same arguments)
    Each rank tokenizes all its uncommitted pieces in one run of ``tokenmill tokenize``'s own
    pipeline (``assemble=False``; each part, the bytes of the offline run's part for that input,
    is committed by the ``on_part`` callback as soon as it is finished, so a kill loses only the
-   pieces in flight), then all ranks exchange their outcome (an error on one
-   rank is raised on every rank, after all have stopped).
+   pieces in flight). Then every rank publishes its outcome and waits only for the owners of
+   the pieces it still does not see committed (`distributed.share_outcome`: no barrier, so a
+   warm relaunch, where every piece is committed, waits for nobody; a failing owner's error is
+   raised on every rank waiting for its pieces, which in one job is every rank).
 4. An entry of one file resolves to its piece. An entry of several files resolves to the merge
    of its pieces in input order, ``<cache>/merged/<sha256 of the piece keys>``: every rank
    copies the pieces it tokenized into the merged ``.bin`` at their offsets, in parallel, and
@@ -320,10 +322,9 @@ def _cache_entries(root: str, kind: str) -> str:
 
 
 def _committed(prefix: str) -> bool:
-    return all(
-        os.path.exists(path)
-        for path in (get_bin_path(prefix), get_idx_path(prefix), sidecar_path(prefix))
-    )
+    """Whether `prefix` is committed: its sidecar exists (`_commit_prefix` renames it into place
+    after the ``.bin`` and ``.idx``, so one ``stat`` answers for the three files)."""
+    return os.path.exists(sidecar_path(prefix))
 
 
 def _commit_prefix(temporary: str, final: str) -> bool:
@@ -381,23 +382,32 @@ def _share(sizes: list[tuple[str, int]], world_size: int) -> dict[str, int]:
 
 
 def _agree(error: BaseException | None) -> None:
-    """Every rank's outcome to every rank: the failing rank's exception is raised on all ranks
-    at once (the others' with a note naming it). Through the process group's store and one
-    barrier (`distributed.build_then_share`), never a collective over a tensor made in Python,
-    which gloo may free while the interpreter finalizes (an abort at exit)."""
-    # an interrupt still takes this rank to the barrier, or the others would wait there
-    shared = (
-        error
-        if error is None or isinstance(error, Exception)
-        else RuntimeError(f"{type(error).__name__} while tokenizing raw text")
-    )
+    """Every rank's outcome to every rank, all ranks waiting for all (a collective: the merge's
+    steps need it): the failing rank's exception is raised on all ranks at once (the others'
+    with a note naming it). Through the process group's store and one barrier
+    (`distributed.build_then_share`), never a collective over a tensor made in Python, which
+    gloo may free while the interpreter finalizes (an abort at exit)."""
 
     def outcome() -> None:
-        if shared is not None:
-            raise shared
+        if error is not None:
+            raise error
 
+    distributed.build_then_share(outcome, role="tokenizes raw text")
+
+
+def _shareable(error: BaseException | None) -> BaseException | None:
+    """An interrupt travels as a RuntimeError naming it (the others must still hear of it)."""
+    if error is None or isinstance(error, Exception):
+        return error
+    return RuntimeError(f"{type(error).__name__} while tokenizing raw text")
+
+
+def _raise_shared(share: Any, error: BaseException | None, *args: Any) -> None:
+    """`share(shareable error, *args)`; this rank's own error (an interrupt too) is re-raised
+    as itself."""
+    shared = _shareable(error)
     try:
-        distributed.build_then_share(outcome, role="tokenizes raw text")
+        share(shared, *args)
     except Exception:
         if error is not None and error is not shared:
             raise error from None
@@ -438,7 +448,7 @@ def _concatenate(
                     stream.truncate(offsets[-1])
     except BaseException as failure:
         error = failure
-    _agree(error)
+    _raise_shared(_agree, error)
     try:  # 2. every rank copies the pieces it tokenized into place
         for _, _, piece_keys, sources, sizes, offsets, working in plans:
             ours = [i for i, key in enumerate(piece_keys) if owner[key] == rank]
@@ -455,7 +465,7 @@ def _concatenate(
                 os.close(descriptor)
     except BaseException as failure:
         error = failure
-    _agree(error)
+    _raise_shared(_agree, error)
     committed = 0
     try:  # 3. the writer joins the indices and commits
         for writer, final, _, sources, _, _, working in plans:
@@ -469,7 +479,7 @@ def _concatenate(
             fsync_directory(os.path.dirname(plans[0][1]))
     except BaseException as failure:
         error = failure
-    _agree(error)
+    _raise_shared(_agree, error)
     return committed
 
 
@@ -531,8 +541,9 @@ def _write_joined_index(sources: list[str], prefix: str) -> None:
     )
 
 
-def _piece_key(path: str, fingerprint: dict[str, Any], options: dict[str, Any]) -> str:
-    status = os.stat(path)
+def _piece_key(
+    path: str, status: os.stat_result, fingerprint: dict[str, Any], options: dict[str, Any]
+) -> str:
     payload = {
         "version": CACHE_VERSION,
         "input": {
@@ -597,12 +608,15 @@ def tokenize_raw_text(
     fingerprint = loaded.fingerprint()
     pieces_dir = _cache_entries(cache_dir, "pieces")
     keys: dict[str, str] = {}
+    sizes: dict[str, int] = {}  # one stat per input: its key and its share of the work
     for paths in files.values():
         for path in paths:
             if path not in keys:
-                keys[path] = _piece_key(path, fingerprint, key_options)
+                status = os.stat(path)
+                keys[path] = _piece_key(path, status, fingerprint, key_options)
+                sizes[path] = status.st_size
     stats.pieces = len(keys)
-    owner = _share([(key, os.path.getsize(path)) for path, key in keys.items()], world_size)
+    owner = _share([(key, sizes[path]) for path, key in keys.items()], world_size)
     mine = [
         (path, key)
         for path, key in keys.items()
@@ -616,7 +630,7 @@ def tokenize_raw_text(
     error: BaseException | None = None
     progress = Progress(
         "raw text",
-        total=sum(os.path.getsize(path) for path, _ in mine),
+        total=sum(sizes[path] for path, _ in mine),
         unit="B",
         unit_scale=True,
         enabled=options.progress and rank == 0 and bool(mine),
@@ -630,7 +644,7 @@ def tokenize_raw_text(
         nonlocal committed_any
         committed_any |= _commit_prefix(part, os.path.join(pieces_dir, key_of[path]))
         stats.tokenized.append(path)
-        progress.update(os.path.getsize(path))
+        progress.update(sizes[path])
         if pause_after and len(stats.tokenized) >= pause_after:
             with open(os.environ.get(_PAUSED_VARIABLE, os.devnull), "w"):
                 pass
@@ -665,7 +679,11 @@ def tokenize_raw_text(
     except BaseException as failure:  # every rank must hear of it, or the others hang
         error = failure
     progress.close(final_line=False)
-    _agree(error)
+    # wait only for the owners of the pieces still missing here (none on a warm relaunch: no
+    # rank waits for another, no barrier); every rank publishes its outcome, so a waiter never
+    # waits on a rank that had nothing to do
+    awaited = {owner[key] for key in keys.values() if not _committed(os.path.join(pieces_dir, key))}
+    _raise_shared(distributed.share_outcome, error, awaited)
 
     prefixes: dict[str, str] = {}
     merged_dir = _cache_entries(cache_dir, "merged")
