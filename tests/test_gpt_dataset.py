@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from tokenmill._core import _testing
 from tokenmill.datasets.gpt import GPTDataset, GPTDatasetConfig
 from tokenmill.datasets.utils import Split
-from tokenmill.errors import CacheError, PerformanceWarning
+from tokenmill.errors import CacheError
 from tokenmill.formats.megatron import IndexedDataset
 
 from conftest import TinyTokenizer, random_documents, write_megatron_shard
@@ -29,7 +29,6 @@ from conftest import TinyTokenizer, random_documents, write_megatron_shard
 torch = pytest.importorskip("torch")
 
 # Most tests here use megatron's default create_attention_mask=True on purpose.
-pytestmark = pytest.mark.filterwarnings("ignore::tokenmill.errors.PerformanceWarning")
 
 
 def make_config(shard: str, cache: Path | None, **fields: Any) -> GPTDatasetConfig:
@@ -362,7 +361,6 @@ def test_rng_documents_cover_every_epoch(tmp_path: Path) -> None:
     shard = write_megatron_shard(tmp_path / "s", random_documents(rng, 50, 60))
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        warnings.simplefilter("ignore", PerformanceWarning)  # the default attention mask
         dataset = build(shard, make_config(shard, tmp_path / "c"), num_samples=400)
     document_index = np.asarray(dataset.document_index)
     epochs = len(document_index) // 50

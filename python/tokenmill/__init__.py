@@ -71,6 +71,7 @@ _EXPORTS: dict[str, str] = {
     "DataFormatError": "tokenmill.errors",
     "CacheError": "tokenmill.errors",
     "StaleCacheError": "tokenmill.errors",
+    "SharedCacheDirectoryError": "tokenmill.errors",
     "MegatronAssertionError": "tokenmill.errors",
     "PerformanceWarning": "tokenmill.errors",
 }
@@ -133,6 +134,7 @@ __all__ = [  # noqa: RUF022 - grouped like _EXPORTS
     "MegatronAssertionError",
     "CacheError",
     "StaleCacheError",
+    "SharedCacheDirectoryError",
 ]
 
 

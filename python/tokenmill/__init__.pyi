@@ -74,6 +74,9 @@ from tokenmill.errors import (
     PerformanceWarning as PerformanceWarning,
 )
 from tokenmill.errors import (
+    SharedCacheDirectoryError as SharedCacheDirectoryError,
+)
+from tokenmill.errors import (
     StaleCacheError as StaleCacheError,
 )
 from tokenmill.errors import (
@@ -161,6 +164,7 @@ __all__ = [
     "PackingConfig",
     "PerformanceWarning",
     "RawText",
+    "SharedCacheDirectoryError",
     "SourceExhaustedError",
     "Split",
     "StaleCacheError",

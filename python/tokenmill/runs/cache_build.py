@@ -27,14 +27,13 @@ import json
 import os
 import threading
 import time
-import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
 from tokenmill.common.progress import Progress, format_duration
-from tokenmill.errors import CacheError, PerformanceWarning
+from tokenmill.errors import CacheError
 from tokenmill.index.cache import CacheEvent, CacheSession, IndexCache, cache_session
 from tokenmill.runs.config_file import RunConfig
 
@@ -231,23 +230,17 @@ def _walk(run: RunConfig, sizes: list[int | None], session: CacheSession) -> Cac
         )
     report = CacheReport(_cache_dir(run), record_path(run, sizes))
     started = time.perf_counter()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", PerformanceWarning)  # the mask is never built here
-        with cache_session(session):
-            # The fast-startup flags only make sense when consuming a built cache (they never
-            # build one): off here, as Megatron-LM's tools/prepare_cache.py turns them off.
-            config = dataclasses.replace(
-                run.config, fast_cache_load=False, defer_npy_index_mmap=False
-            )
-            datasets = BlendedMegatronDatasetBuilder(
-                GPTDataset, sizes, lambda: True, config
-            ).build()
-            if run.packing is not None:
-                from tokenmill.datasets.packed import PackedDataset
-                from tokenmill.formats.megatron import IndexedDataset
+    with cache_session(session):
+        # The fast-startup flags only make sense when consuming a built cache (they never
+        # build one): off here, as Megatron-LM's tools/prepare_cache.py turns them off.
+        config = dataclasses.replace(run.config, fast_cache_load=False, defer_npy_index_mmap=False)
+        datasets = BlendedMegatronDatasetBuilder(GPTDataset, sizes, lambda: True, config).build()
+        if run.packing is not None:
+            from tokenmill.datasets.packed import PackedDataset
+            from tokenmill.formats.megatron import IndexedDataset
 
-                for prefix in run.prefixes():
-                    PackedDataset(IndexedDataset(prefix), run.packing)
+            for prefix in run.prefixes():
+                PackedDataset(IndexedDataset(prefix), run.packing)
 
     def describe_gpt(dataset: Any, drawn: int | None) -> SourceSummary:
         plan = dataset._plan()
