@@ -211,6 +211,69 @@ def test_megatron_tokenizer_runs_on_the_fast_backend_when_ids_agree(
     assert "own tokenize()" not in caplog.text
 
 
+def _plain_entries(tmp_path: Path) -> list[str]:
+    # no special-token text in the documents: HF's encode would read it as the special id
+    plain = [text.replace("<|endoftext|>", "eot") for text in documents(5, 80)]
+    return [str(write_corpus(tmp_path / "plain.jsonl", plain))]
+
+
+def test_a_relaunch_reuses_the_megatron_tokenizers_verdict_and_loads_nothing(
+    tmp_path: Path, bpe: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The fast backend's load and the sample check (0.4-0.5 s for GPT-2) run on the first
+    launch only: a relaunch with every piece cached reads the recorded verdict."""
+    megatron_tokenizer = MegatronStyleTokenizer(os.path.dirname(bpe))
+    entries = _plain_entries(tmp_path)
+    expected = offline_digest(entries, bpe, tmp_path)
+    adapts: list[Any] = []
+    real_adapt = resolver_module.adapt_tokenizer
+    monkeypatch.setattr(
+        resolver_module, "adapt_tokenizer", lambda *a: adapts.append(a) or real_adapt(*a)
+    )
+
+    def launch() -> str:
+        config = gpt_config(
+            entries, megatron_tokenizer, str(tmp_path / "cache"), raw_text=RawText(progress=False)
+        )
+        return samples_digest(build(config))
+
+    assert launch() == expected and len(adapts) == 1
+    (record,) = Path(tmp_path / "cache" / "raw_text" / "tokenizers").glob("*.json")
+    assert json.loads(record.read_text())["fingerprint"]["backend"] != "megatron"
+    assert launch() == expected and len(adapts) == 1  # nothing loaded, nothing sampled
+    # a changed file beside the tokenizer's (its config) is a new verdict
+    config_file = Path(os.path.dirname(bpe), "tokenizer_config.json")
+    config_file.write_text(json.dumps({"model_max_length": 10**9}))
+    try:
+        assert launch() == expected and len(adapts) == 2
+    finally:
+        config_file.unlink()
+
+
+def test_a_megatron_tokenizer_that_encodes_differently_is_not_given_anothers_verdict(
+    tmp_path: Path, bpe: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Same identifiers, same files, another behaviour (a BOS added): its own verdict (its own
+    tokenize), not the fast backend recorded for the first one."""
+    entries = _plain_entries(tmp_path)
+    plain = MegatronStyleTokenizer(os.path.dirname(bpe))
+    with_bos = MegatronStyleTokenizer(os.path.dirname(bpe), add_bos=True)
+    assert plain.unique_identifiers == with_bos.unique_identifiers
+    first = build(
+        gpt_config(entries, plain, str(tmp_path / "cache"), raw_text=RawText(progress=False))
+    )
+    with caplog.at_level(logging.INFO, logger="tokenmill.raw_text.resolver"):
+        second = build(
+            gpt_config(entries, with_bos, str(tmp_path / "cache"), raw_text=RawText(progress=False))
+        )
+    assert "own tokenize()" in caplog.text
+    from tokenmill.formats.megatron import IndexedDataset
+
+    bos = with_bos.tokenize("")[0]
+    assert np.asarray(IndexedDataset(second[0].dataset_path)[0])[0] == bos
+    assert np.asarray(IndexedDataset(first[0].dataset_path)[0])[0] != bos
+
+
 def test_megatron_tokenizer_reading_special_text_as_special_is_not_replaced(
     tmp_path: Path, corpora: dict[str, str], bpe: str, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -61,14 +61,14 @@ import os
 import shutil
 import socket
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy
 
 from tokenmill.common import distributed
-from tokenmill.common.atomic import fsync_directory, fsync_enabled
+from tokenmill.common.atomic import atomic_write_text, fsync_directory, fsync_enabled
 from tokenmill.common.cache_directory import check_cache_directory
 from tokenmill.common.progress import Progress
 from tokenmill.datasets.raw_text import RawTextResolution
@@ -80,10 +80,16 @@ from tokenmill.formats.megatron import (
 )
 from tokenmill.tokenize.pipeline import TokenizeConfig, tokenize
 from tokenmill.tokenize.readers import ReadOptions, expand_inputs, read_documents
-from tokenmill.tokenize.reference_backends import Tokenizer
+from tokenmill.tokenize.reference_backends import Tokenizer, package_version, tokenmill_version
 from tokenmill.tokenize.tokenizers import TokenizerSpec
 
-__all__ = ["RawText", "RawTextStats", "adapt_tokenizer", "tokenize_raw_text"]
+__all__ = [
+    "RawText",
+    "RawTextStats",
+    "adapt_tokenizer",
+    "adapt_tokenizer_once",
+    "tokenize_raw_text",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -313,6 +319,166 @@ def _disagreement(megatron: Any, fast: Tokenizer, sample_file: str, options: Raw
         if expected != got:
             return f"document {number} of {sample_file} encodes differently"
     return None
+
+
+@dataclass
+class _Adapted:
+    """What the resolver needs of the tokenizer: its fingerprint (the piece keys), vocabulary
+    size (the dtype), backend (the log), the datasets' replacement, and the pipeline's spec,
+    loaded only when a piece is to be tokenized (`spec`)."""
+
+    fingerprint: dict[str, Any]
+    vocab_size: int
+    backend: str
+    replacement: Any
+    load: Callable[[], tuple[TokenizerSpec, Tokenizer]]
+
+    def spec(self) -> TokenizerSpec:
+        """The pipeline's spec. Raises RuntimeError if the loaded tokenizer's fingerprint is not
+        the one the keys were computed with (a recorded verdict that no longer holds)."""
+        spec, loaded = self.load()
+        fresh = json.dumps(loaded.fingerprint(), sort_keys=True, default=str)
+        if fresh != json.dumps(self.fingerprint, sort_keys=True, default=str):
+            raise RuntimeError(
+                f"the tokenizer loaded now ({loaded.describe_backend()}) has another fingerprint "
+                f"than the recorded verdict the piece keys were computed with: {fresh} != "
+                f"{json.dumps(self.fingerprint, sort_keys=True, default=str)}; delete the "
+                "raw-text cache's tokenizers/ directory and relaunch"
+            )
+        return spec
+
+
+def _adapted(loaded: Tokenizer, spec: TokenizerSpec, replacement: Any) -> _Adapted:
+    return _Adapted(
+        fingerprint=loaded.fingerprint(),
+        vocab_size=int(loaded.vocab_size),
+        backend=loaded.describe_backend(),
+        replacement=replacement,
+        load=lambda: (spec, loaded),
+    )
+
+
+# Texts every Megatron tokenizer encodes into the verdict's key: a tokenizer configured to
+# encode differently (a BOS added, special-token text read as special, a prefix space) gets
+# another key, whatever its identifiers say.
+_PROBES = ("", "Hello, world!", " two  spaces\tand a tab\n", "<|endoftext|>", "émile 数据 🙂 12.5%")
+
+# The files beside a tokenizer file that a HuggingFace or Megatron tokenizer also reads.
+_TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "vocab.json",
+    "merges.txt",
+    "tokenizer.model",
+)
+
+
+def _verdict_key(tokenizer: Any, path: str | None, sample_file: str, options: RawText) -> str:
+    """The key of a Megatron tokenizer's verdict: its identity and behaviour on the probes,
+    its files (name, size, times), the sampled file (path, size, times), the options the
+    sample check reads, and tokenmill's and gigatoken's versions."""
+
+    def status(file: str) -> list[Any]:
+        found = os.stat(file)
+        return [os.path.abspath(file), found.st_size, found.st_mtime_ns, found.st_ctime_ns]
+
+    files: list[Any] = []
+    if path is not None:
+        directory = os.path.dirname(path)
+        names = sorted({os.path.basename(path), *_TOKENIZER_FILES})
+        files = [
+            status(os.path.join(directory, n))
+            for n in names
+            if os.path.isfile(os.path.join(directory, n))
+        ]
+    try:
+        probes: Any = [[int(i) for i in tokenizer.tokenize(text)] for text in _PROBES]
+    except Exception as error:  # a tokenizer that refuses a probe: that is its behaviour
+        probes = f"{type(error).__name__}: {error}"
+    payload = {
+        "version": CACHE_VERSION,
+        "class": f"{type(tokenizer).__module__}.{type(tokenizer).__qualname__}",
+        "identifiers": getattr(tokenizer, "unique_identifiers", None),
+        "vocab_size": int(tokenizer.vocab_size),
+        "eod": _special_id(tokenizer, "eod"),
+        "bos": _special_id(tokenizer, "bos"),
+        "files": files,
+        "probes": probes,
+        "sample": status(sample_file),
+        "options": [
+            options.json_key,
+            options.column,
+            options.prepend_bos,
+            options.append_eod,
+            options.sample_documents,
+        ],
+        "versions": [tokenmill_version(), package_version("gigatoken")],
+    }
+    text = json.dumps(payload, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _read_verdict(path: str) -> dict[str, Any] | None:
+    """A recorded verdict, or None when there is none or it is not whole (then it is decided
+    again and rewritten)."""
+    try:
+        with open(path, encoding="utf-8") as stream:
+            record = json.load(stream)
+        return {
+            "fingerprint": dict(record["fingerprint"]),
+            "vocab_size": int(record["vocab_size"]),
+            "backend": str(record["backend"]),
+        }
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def adapt_tokenizer_once(
+    tokenizer: Any, sample_file: str, options: RawText, cache_dir: str
+) -> _Adapted:
+    """:func:`adapt_tokenizer`, with a Megatron tokenizer's verdict (its file's fast backend or
+    its own ``tokenize``) recorded in ``<cache_dir>/tokenizers/<key>.json`` (key:
+    :func:`_verdict_key`): a relaunch reads the verdict instead of loading the fast backend
+    and sampling the data again (0.4-0.5 s for GPT-2's tokenizer.json on this machine), and
+    loads the tokenizer only if it has a piece to tokenize. tokenmill specs and objects are
+    adapted as they are (a spec is loaded: the datasets use the loaded object)."""
+    if isinstance(tokenizer, (str, os.PathLike, TokenizerSpec, Tokenizer)) or not callable(
+        getattr(tokenizer, "tokenize", None)
+    ):
+        spec, loaded, replacement = adapt_tokenizer(tokenizer, sample_file, options)
+        return _adapted(loaded, spec, replacement)
+    path = _tokenizer_file(tokenizer)
+    record_path = os.path.join(
+        _cache_entries(cache_dir, "tokenizers"),
+        _verdict_key(tokenizer, path, sample_file, options) + ".json",
+    )
+    record = _read_verdict(record_path)
+    if record is None:
+        spec, loaded, _ = adapt_tokenizer(tokenizer, sample_file, options)
+        adapted = _adapted(loaded, spec, None)
+        fields = {k: getattr(adapted, k) for k in ("fingerprint", "vocab_size", "backend")}
+        atomic_write_text(record_path, json.dumps(fields, sort_keys=True, default=str))
+        return adapted
+    logger.info(
+        "[raw text] %s: %s, as decided by an earlier launch (%s)",
+        type(tokenizer).__qualname__,
+        record["backend"],
+        record_path,
+    )
+
+    def load() -> tuple[TokenizerSpec, Tokenizer]:
+        spec, loaded, _ = adapt_tokenizer(tokenizer, sample_file, options)
+        return spec, loaded
+
+    return _Adapted(
+        fingerprint=record["fingerprint"],
+        vocab_size=record["vocab_size"],
+        backend=record["backend"],
+        replacement=None,
+        load=load,
+    )
 
 
 def _cache_entries(root: str, kind: str) -> str:
@@ -593,9 +759,10 @@ def tokenize_raw_text(
             )
     files = {entry: expand_inputs([entry]) for entry in entries}
     first = next(iter(files.values()))[0]
-    spec, loaded, replacement = adapt_tokenizer(tokenizer, first, options)
-    stats.backend = loaded.describe_backend()
-    dtype = numpy.dtype(DType.optimal_dtype(loaded.vocab_size)).name
+    adapted = adapt_tokenizer_once(tokenizer, first, options, cache_dir)
+    replacement = adapted.replacement
+    stats.backend = adapted.backend
+    dtype = numpy.dtype(DType.optimal_dtype(adapted.vocab_size)).name
     read = ReadOptions(json_key=options.json_key, column=options.column)
     key_options = {
         "json_key": read.json_key,
@@ -605,7 +772,7 @@ def tokenize_raw_text(
         "append_eod": options.append_eod,
         "dtype": dtype,
     }
-    fingerprint = loaded.fingerprint()
+    fingerprint = adapted.fingerprint
     pieces_dir = _cache_entries(cache_dir, "pieces")
     keys: dict[str, str] = {}
     sizes: dict[str, int] = {}  # one stat per input: its key and its share of the work
@@ -624,7 +791,7 @@ def tokenize_raw_text(
     ]
     stats.reused = sum(1 for key in keys.values() if owner[key] == rank) - len(mine)
     workers = 0
-    if loaded.backend == "gigatoken":
+    if adapted.fingerprint.get("backend") == "gigatoken":
         workers = options.threads if options.threads is not None else _default_threads()
     pause_after = int(os.environ.get(_PAUSE_VARIABLE, "0") or 0)
     error: BaseException | None = None
@@ -660,7 +827,7 @@ def tokenize_raw_text(
                 TokenizeConfig(
                     inputs=tuple(path for path, _ in mine),
                     output_prefix=os.path.join(working, "pieces"),
-                    tokenizer=spec,
+                    tokenizer=adapted.spec(),
                     read=read,
                     prepend_bos=options.prepend_bos,
                     append_eod=options.append_eod,
