@@ -250,6 +250,23 @@ def test_a_relaunch_reuses_the_megatron_tokenizers_verdict_and_loads_nothing(
         config_file.unlink()
 
 
+def test_a_recorded_verdict_that_no_longer_holds_is_refused_when_tokenizing(
+    tmp_path: Path, bpe: str
+) -> None:
+    megatron_tokenizer = MegatronStyleTokenizer(os.path.dirname(bpe))
+    entries = _plain_entries(tmp_path)
+    config = gpt_config(
+        entries, megatron_tokenizer, str(tmp_path / "cache"), raw_text=RawText(progress=False)
+    )
+    build(config)
+    (record,) = Path(tmp_path / "cache" / "raw_text" / "tokenizers").glob("*.json")
+    fields = json.loads(record.read_text())
+    fields["fingerprint"]["vocab_size"] += 1  # keys of pieces nobody has: they are tokenized
+    record.write_text(json.dumps(fields))
+    with pytest.raises(RuntimeError, match=rf"{record.name}: .* another fingerprint"):
+        build(config)
+
+
 def test_a_megatron_tokenizer_that_encodes_differently_is_not_given_anothers_verdict(
     tmp_path: Path, bpe: str, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -332,6 +332,7 @@ class _Adapted:
     backend: str
     replacement: Any
     load: Callable[[], tuple[TokenizerSpec, Tokenizer]]
+    record: str | None = None  # the recorded verdict the fingerprint was read from
 
     def spec(self) -> TokenizerSpec:
         """The pipeline's spec. Raises RuntimeError if the loaded tokenizer's fingerprint is not
@@ -340,10 +341,11 @@ class _Adapted:
         fresh = json.dumps(loaded.fingerprint(), sort_keys=True, default=str)
         if fresh != json.dumps(self.fingerprint, sort_keys=True, default=str):
             raise RuntimeError(
-                f"the tokenizer loaded now ({loaded.describe_backend()}) has another fingerprint "
-                f"than the recorded verdict the piece keys were computed with: {fresh} != "
+                f"{self.record}: the tokenizer loaded now ({loaded.describe_backend()}) has "
+                "another fingerprint than the recorded verdict the piece keys were computed "
+                f"with: {fresh} != "
                 f"{json.dumps(self.fingerprint, sort_keys=True, default=str)}; delete the "
-                "raw-text cache's tokenizers/ directory and relaunch"
+                "record and relaunch"
             )
         return spec
 
@@ -478,6 +480,7 @@ def adapt_tokenizer_once(
         backend=record["backend"],
         replacement=None,
         load=load,
+        record=record_path,
     )
 
 
