@@ -16,7 +16,8 @@
 //    files written elsewhere). Many fsyncs in flight share the filesystem's journal commits, so
 //    a writer for synced files wants many threads.
 //  * wait(ticket): block until that job has run and return its outcome; each ticket is waited
-//    for once. Errors are returned, never thrown: errno and the step that failed.
+//    for once. Until then the waiting thread runs queued jobs itself, oldest first (it would
+//    only sleep, and a woken worker would preempt it on a busy machine). Errors are returned, never thrown: errno and the step that failed.
 // Guarantees: jobs run in any order and concurrently (callers order what must be ordered:
 // renames happen after wait); a job's failure affects no other job; an exception inside a job
 // (std::bad_alloc) is its ENOMEM; if no worker thread can start, or in a forked child (where

@@ -439,16 +439,24 @@ def test_a_blend_fingerprints_each_data_file_once(
         write_megatron_shard(tmp_path / f"s{i}", random_documents(rng, 60)) for i in range(4)
     ]
     calls: list[str] = []
-    real = fingerprint.fingerprint_file
+    from_reads: list[str] = []
+    real, real_read = fingerprint.fingerprint_file, fingerprint.fingerprint_read
 
     def counting(path: str) -> dict[str, object]:
         calls.append(str(path))
         return real(path)
 
+    def counting_read(path: str, *read: Any) -> dict[str, object] | None:
+        from_reads.append(str(path))
+        return real_read(path, *read)
+
     monkeypatch.setattr(fingerprint, "fingerprint_file", counting)
+    monkeypatch.setattr(fingerprint, "fingerprint_read", counting_read)
     config = make_config(tmp_path / "cache", split="80,20,0", blend=(prefixes, [1, 2, 3, 4]))
     BlendedMegatronDatasetBuilder(GPTDataset, [200, 20, 0], lambda: True, config).build()
-    assert sorted(calls) == sorted(p + s for p in prefixes for s in (".bin", ".idx"))
+    # each .bin read for its fingerprint once; each .idx fingerprinted from its reader's bytes
+    assert sorted(calls) == sorted(p + ".bin" for p in prefixes)
+    assert sorted(from_reads) == sorted(p + ".idx" for p in prefixes)
 
 
 def test_a_trusting_rank_refuses_negative_ids_of_a_damaged_blend_entry(

@@ -580,3 +580,38 @@ def test_a_racy_fingerprint_is_not_resealed_while_an_array_is_not_vouched_for(
     sealed = os.stat(sidecar).st_ctime_ns
     build(shard, config)
     assert os.stat(sidecar).st_ctime_ns == sealed
+
+
+@pytest.mark.parametrize("size", [0, 100, 4096, 5000, 8192, 9000, 70000])
+def test_a_fingerprint_from_a_whole_read_is_the_files_fingerprint(
+    tmp_path: Path, size: int
+) -> None:
+    """fingerprint.fingerprint_read (from bytes already read, and the fstat of that open) gives
+    fingerprint_file's record, whole-file hash and sampled ends alike, and refuses bytes that
+    are not the whole file."""
+    from tokenmill.common.whole_read import read_whole
+
+    path = tmp_path / "data.idx"
+    path.write_bytes(np.random.default_rng(size).integers(0, 256, size, dtype=np.uint8).tobytes())
+    contents, status = read_whole(str(path), 1 << 20)
+    assert isinstance(contents, bytes)
+    assert fingerprint.fingerprint_read(
+        str(path), status, contents
+    ) == fingerprint.fingerprint_file(path)
+    assert fingerprint.fingerprint_read(str(path), status, contents + b"x") is None
+
+
+def test_the_fingerprint_of_an_idx_is_of_the_bytes_its_indices_were_built_from(
+    shard: str, tmp_path: Path
+) -> None:
+    """The `.idx` read whole by the dataset is fingerprinted from those very bytes: data that
+    changes between the read and the build (documents permuted, same lengths, so every array
+    keeps its shape) is seen as stale by the next build. Fingerprinted by a second read at build
+    time, the entry recorded the new file beside arrays built from the old one, and served them
+    as a hit."""
+    low_level = IndexedDataset(shard)  # reads the .idx
+    retokenize(shard, seed=99, same_lengths=True)
+    indices = np.arange(len(low_level), dtype=np.int32)
+    GPTDataset(low_level, shard, indices, 300, Split.train, make_config(tmp_path / "cache"))
+    with pytest.raises(StaleCacheError, match=rf"{shard}\.idx: "):
+        build(shard, make_config(tmp_path / "cache", cache_data_check="error"))

@@ -436,6 +436,7 @@ class GPTDataset(MegatronDataset):
                 data_prefixes=self.data_prefixes(),
                 data_check=self.config.cache_data_check,
                 kernel_built=True,
+                data_read=self._data_read(),
             )
             arrays, built = self._cache.load_or_build(
                 spec,
@@ -505,6 +506,15 @@ class GPTDataset(MegatronDataset):
         ):
             return [prefix]
         return []
+
+    def _data_read(self) -> dict[str, Any] | None:
+        """The `.idx` as its reader read it whole (fstat and bytes, what the indices are
+        computed from), for the cache's data fingerprint; None when it was mapped (larger than
+        64 KiB) or the low-level dataset is not tokenmill's."""
+        index = getattr(self.dataset, "index", None)
+        whole = getattr(index, "whole_read", None)
+        path = getattr(index, "idx_path", None)
+        return {path: whole} if whole is not None and isinstance(path, str) else None
 
     def _check_consistency(self, arrays: dict[str, npt.NDArray[Any]]) -> None:
         rows = arrays["sample_index"].shape[0]

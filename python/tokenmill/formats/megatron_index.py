@@ -24,6 +24,7 @@ import numpy
 import numpy.typing as npt
 
 from tokenmill import _core
+from tokenmill.common.atomic import FileStatus
 from tokenmill.common.mapping import READ_BELOW, read_or_map, resource_error
 from tokenmill.common.megatron_log import elapsed, log, megatron_logger
 from tokenmill.common.whole_read import NotARegularFile, read_whole
@@ -249,6 +250,8 @@ class _IndexReader:
         dtype_code: int | None = None,
     ) -> None:
         self.idx_path = idx_path
+        # (status, bytes) of the file when it was read whole by one call (None: mapped)
+        self.whole_read: tuple[FileStatus, bytes] | None = None
         # megatron-core's lines and timings, made only when its logger keeps them (its default
         # level drops them all: a blend of 1,000 sources made ~8,000 for nothing)
         verbose = _MEGATRON_LOG.isEnabledFor(logging.INFO)
@@ -271,6 +274,9 @@ class _IndexReader:
                     dtype_code,
                 )
                 self._mapping = whole
+                # what the index arrays are computed from, with the fstat of the same open: the
+                # cache's data fingerprint is taken from it instead of reading the file again
+                self.whole_read = (status, data)
             else:
                 # larger (its descriptor left open by the call) or changing under the read
                 # (opened again): the file mapped, raw descriptor calls

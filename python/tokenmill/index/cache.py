@@ -137,6 +137,10 @@ class EntrySpec:
             checked again before they are saved (dtype and shape still are). Values loaded from
             disk are always checked (or vouched for by the sidecar).
         trust_presence: megatron's fast_cache_load: skip the description comparison.
+        data_read: data files the arrays are computed from that were read whole (the `.idx`
+            of up to 64 KiB), by path: the ``fstat`` of that open and the bytes. A build takes
+            their fingerprint from these very bytes (`fingerprint.fingerprint_read`) instead of
+            reading them again.
     """
 
     arrays: Mapping[str, ArraySpec] | None
@@ -144,6 +148,7 @@ class EntrySpec:
     data_check: str = "off"
     kernel_built: bool = False
     trust_presence: bool = False
+    data_read: data_fingerprint.WholeReads | None = None
 
 
 @dataclass(frozen=True)
@@ -736,7 +741,7 @@ class IndexCache:
                     return arrays
             built = self._build_and_save(
                 context, build, spec.data_prefixes if access.checking else (), spec.arrays,
-                check_values=not spec.kernel_built,
+                check_values=not spec.kernel_built, data_read=spec.data_read,
             )  # fmt: skip
         access.record(self, True, True, problems)
         return built
@@ -802,13 +807,15 @@ class IndexCache:
         data_prefixes: Sequence[str],
         specs: Mapping[str, ArraySpec] | None = None,
         check_values: bool = True,
+        data_read: data_fingerprint.WholeReads | None = None,
     ) -> dict[str, npt.NDArray[Any]]:
         """Build the arrays and write the entry (call under the lock), fingerprinting
-        `data_prefixes` first: data that changes during the build is then seen as stale.
+        `data_prefixes` first: data that changes during the build is then seen as stale (files
+        in `data_read`, already read whole, from the bytes the arrays are computed from).
         `check_values` False checks only dtypes and shapes (see load_or_build's kernel_built)."""
         _sweep_abandoned(self.directory, context)
         fingerprint = (
-            data_fingerprint.fingerprint_prefixes(data_prefixes, context.memo)
+            data_fingerprint.fingerprint_prefixes(data_prefixes, context.memo, data_read)
             if data_prefixes
             else None
         )

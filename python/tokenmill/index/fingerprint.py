@@ -72,6 +72,7 @@ __all__ = [
     "fingerprint_bytes",
     "fingerprint_file",
     "fingerprint_prefixes",
+    "fingerprint_read",
     "read_fingerprint",
     "reseal",
     "stale_reasons",
@@ -149,6 +150,33 @@ def fingerprint_file(path: str | os.PathLike[str]) -> dict[str, Any]:
     return found
 
 
+def fingerprint_read(
+    path: str | os.PathLike[str], status: FileStatus, contents: bytes
+) -> dict[str, Any] | None:
+    """:func:`fingerprint_file`'s record of a file already read whole, from those bytes and the
+    ``fstat`` of the same open (`common.whole_read.read_whole`): the same fields and hashes,
+    nothing read again. A cold build fingerprints each ``.idx`` this way from the bytes its
+    reader read, which are what the index arrays are computed from. None when `contents` is not
+    the whole file by `status` (it changed under the read): read it again."""
+    size = int(status.st_size)
+    if len(contents) != size:
+        return None
+    view = memoryview(contents)
+    digest = hashlib.sha256(view[: min(SAMPLE_BYTES, size)])
+    if size > SAMPLE_BYTES:
+        digest.update(view[max(SAMPLE_BYTES, size - SAMPLE_BYTES) :])
+    found: dict[str, Any] = {
+        "size": size,
+        "mtime_ns": int(status.st_mtime_ns),
+        "sample_sha256": digest.hexdigest(),
+        "ctime_ns": int(status.st_ctime_ns),
+        "inode": int(status.st_ino),
+    }
+    if os.fspath(path).endswith(".idx"):
+        found[_WHOLE_FIELD] = hashlib.sha256(view).hexdigest()
+    return found
+
+
 def _whole_sha256(descriptor: int) -> str:
     """The sha256 of everything the descriptor's file holds (hashlib releases the GIL)."""
     digest = hashlib.sha256()
@@ -204,24 +232,36 @@ def _stat_once(path: str, memo: FileMemo | None) -> os.stat_result:
     return found
 
 
-def _fingerprint_once(path: str, memo: FileMemo | None) -> dict[str, Any]:
-    if memo is None:
-        return fingerprint_file(path)
-    found = memo.fingerprints.get(path)
+WholeReads = Mapping[str, tuple[FileStatus, bytes]]
+"""Data files already read whole, by path: the ``fstat`` of that open and the bytes read."""
+
+
+def _fingerprint_once(
+    path: str, memo: FileMemo | None, read: WholeReads | None = None
+) -> dict[str, Any]:
+    found = memo.fingerprints.get(path) if memo is not None else None
     if found is None:
-        found = memo.fingerprints[path] = fingerprint_file(path)
+        whole = read.get(path) if read else None
+        found = fingerprint_read(path, *whole) if whole is not None else None
+        if found is None:
+            found = fingerprint_file(path)
+        if memo is not None:
+            memo.fingerprints[path] = found
     return dict(found)
 
 
-def fingerprint_prefixes(prefixes: Iterable[str], memo: FileMemo | None = None) -> dict[str, Any]:
+def fingerprint_prefixes(
+    prefixes: Iterable[str], memo: FileMemo | None = None, read: WholeReads | None = None
+) -> dict[str, Any]:
     """The fingerprint payload of the ``.bin`` and ``.idx`` of each dataset prefix (each file
-    fingerprinted at most once per `memo`).
+    fingerprinted at most once per `memo`; a file in `read` from those bytes,
+    :func:`fingerprint_read`).
 
     Raises:
         FileNotFoundError: a data file does not exist.
     """
     datasets = {
-        prefix: {suffix: _fingerprint_once(prefix + suffix, memo) for suffix in DATA_SUFFIXES}
+        prefix: {suffix: _fingerprint_once(prefix + suffix, memo, read) for suffix in DATA_SUFFIXES}
         for prefix in prefixes
     }
     return {"format": FORMAT, "version": VERSION, "datasets": datasets}
