@@ -269,10 +269,13 @@ def test_a_batch_commits_every_entry_but_the_one_whose_file_could_not_be_written
 def test_an_entry_whose_fingerprint_cannot_be_written_is_left_out_of_the_batch(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from tokenmill.index import cache_writes
     from tokenmill.index.cache import deferred_commits
 
-    # an entry's fingerprint is handed to the writer with the next entry's files: when that
-    # hand-over fails, the entry is not committed without its fingerprint
+    # an entry's fingerprint is handed to the writer with the files of the entry SEAL_LAG after
+    # it (here the next one): when that hand-over fails, the entry is not committed without its
+    # fingerprint
+    monkeypatch.setattr(cache_writes, "SEAL_LAG", 0)
     entries = [_entry(tmp_path, number) for number in range(3)]
     real = atomic.WrittenFile.together.__func__  # type: ignore[attr-defined]
     calls = [0]
