@@ -496,6 +496,16 @@ class FilesystemSync:
             )
         return True
 
+    def sync_and_close(self, check: bool = True) -> None:
+        """:meth:`sync` (errors raised only with `check`), then :meth:`close`."""
+        try:
+            if self._descriptor is not None:
+                error = _core.sync_filesystem(self._descriptor, "early:" + self.directory)
+                if error and check:
+                    raise OSError(error, os.strerror(error), self.directory)
+        finally:
+            self.close()
+
     def close(self) -> None:
         descriptor, self._descriptor = self._descriptor, None
         if descriptor is not None:

@@ -37,6 +37,7 @@ from tokenmill.common.atomic import (
     FilesystemSync,
     WrittenFile,
     commit_together,
+    fsync_enabled,
     sync_filesystems,
 )
 from tokenmill.index import fingerprint as data_fingerprint
@@ -62,6 +63,7 @@ class _Batch:
         self.filesystems: dict[str, FilesystemSync] = {}
         self.stopped = False  # stop_batch: an earlier failure ended this build
         self.sealed = 0  # entries[:sealed] have been handed to _Entry.fingerprint_contents
+        self.early_writebacks: list[threading.Thread] = []  # _start_early_writeback
         self.lock = threading.Lock()  # the builder's pool threads write entries concurrently
 
 
@@ -343,6 +345,9 @@ def write_entry(
     if batch is not None:
         with batch.lock:
             batch.entries.append(entry)
+            count = len(batch.entries)
+        if count % EARLY_WRITEBACK_ENTRIES == 0:
+            _start_early_writeback(batch)
     else:
         _commit_entries([entry])
 
@@ -364,6 +369,33 @@ def _entry_to_seal(batch: _Batch) -> _Entry | None:
             return None
         batch.sealed += 1
         return batch.entries[batch.sealed - 1]
+
+
+# Every this many entries, a batch starts writing its files back in the background (one
+# syncfs on a thread of its own), so that the syncfs of its commit, which makes it durable,
+# finds little left to write: at 1,000 sources it took ~55 ms at the end of the build, ~10 ms
+# after these.
+EARLY_WRITEBACK_ENTRIES = 100
+
+
+def _start_early_writeback(batch: _Batch) -> None:
+    """syncfs the batch's filesystems on a background thread, through descriptors of their own:
+    only a head start for the commit's syncfs (the durability step, which still runs). Its
+    result is ignored, and it must not take a writeback error from the commit's syncfs, which
+    reports the errors since its own descriptor was opened (Linux >= 5.8)."""
+    if not fsync_enabled():
+        return
+    directories = list(batch.filesystems)
+
+    def writeback() -> None:
+        for directory in directories:
+            with contextlib.suppress(OSError):
+                FilesystemSync(directory).sync_and_close(check=False)
+
+    thread = threading.Thread(target=writeback, name="tokenmill-early-writeback", daemon=True)
+    thread.start()
+    with batch.lock:
+        batch.early_writebacks.append(thread)
 
 
 def _current_batch() -> _Batch | None:
@@ -442,6 +474,8 @@ def deferred_commits() -> Iterator[None]:
         finally:
             context.batch = None
             try:
+                for thread in batch.early_writebacks:  # done by now, or nearly
+                    thread.join()
                 if batch.entries:
                     _commit_entries(batch.entries, list(batch.filesystems.values()))
             finally:
