@@ -36,6 +36,7 @@ __all__ = [
     "durable_replace",
     "fsync_directory",
     "fsync_enabled",
+    "much_else_dirty",
     "sync_filesystems",
 ]
 
@@ -461,6 +462,13 @@ def _dirty_bytes() -> int | None:
     return found
 
 
+def much_else_dirty(ours: int = 0) -> bool:
+    """Whether the page cache holds more than WHOLE_FILESYSTEM_SYNC_OTHER_BYTES of dirty data
+    besides `ours` bytes (or cannot tell): a syncfs would write back a stranger's data too."""
+    dirty = _dirty_bytes()
+    return dirty is None or dirty - ours > WHOLE_FILESYSTEM_SYNC_OTHER_BYTES
+
+
 class FilesystemSync:
     """A directory held open so that the files written in it afterwards can be made durable by
     one ``syncfs`` of its filesystem (Linux; :meth:`sync` returns False elsewhere).
@@ -531,9 +539,8 @@ def sync_filesystems(
         return False
     for file in pending:
         file.close_written()
-    dirty = _dirty_bytes()
     ours = sum(file.status.st_size for file in pending if isinstance(file, WrittenFile))
-    if dirty is None or dirty - ours > WHOLE_FILESYSTEM_SYNC_OTHER_BYTES:
+    if much_else_dirty(ours):
         return False
     synced_devices: set[int] = set()
     for directory in sorted(needed):

@@ -38,6 +38,7 @@ from tokenmill.common.atomic import (
     WrittenFile,
     commit_together,
     fsync_enabled,
+    much_else_dirty,
     sync_filesystems,
 )
 from tokenmill.index import fingerprint as data_fingerprint
@@ -388,6 +389,8 @@ def _start_early_writeback(batch: _Batch) -> None:
     directories = list(batch.filesystems)
 
     def writeback() -> None:
+        if much_else_dirty():  # a stranger's writeback: the commit fsyncs each file instead
+            return
         for directory in directories:
             with contextlib.suppress(OSError):
                 FilesystemSync(directory).sync_and_close(check=False)
