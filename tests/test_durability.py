@@ -269,10 +269,13 @@ def test_a_batch_commits_every_entry_but_the_one_whose_file_could_not_be_written
 def test_an_entry_whose_fingerprint_cannot_be_written_is_left_out_of_the_batch(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from tokenmill.index import cache_writes
     from tokenmill.index.cache import deferred_commits
 
-    # an entry's fingerprint is handed to the writer with the next entry's files: when that
-    # hand-over fails, the entry is not committed without its fingerprint
+    # an entry's fingerprint is handed to the writer with the files of the entry SEAL_LAG after
+    # it (here the next one): when that hand-over fails, the entry is not committed without its
+    # fingerprint
+    monkeypatch.setattr(cache_writes, "SEAL_LAG", 0)
     entries = [_entry(tmp_path, number) for number in range(3)]
     real = atomic.WrittenFile.together.__func__  # type: ignore[attr-defined]
     calls = [0]
@@ -351,6 +354,9 @@ def _batch_of(directory: Path, entries: int) -> list[Any]:
 @pytest.fixture
 def small_whole_filesystem_batches(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(atomic, "WHOLE_FILESYSTEM_SYNC_FILES", 6)
+    # nothing else dirty in the page cache (a shared machine's other work would otherwise turn
+    # the syncfs into per-file fsyncs: WHOLE_FILESYSTEM_SYNC_OTHER_BYTES)
+    monkeypatch.setattr(atomic, "_dirty_bytes", lambda: 0)
 
 
 @pytest.mark.usefixtures("small_whole_filesystem_batches")
@@ -369,6 +375,36 @@ def test_a_large_batch_syncs_its_filesystem_once_then_renames(
         arrays, problems = entry.load()
         assert problems == [] and arrays is not None
         np.testing.assert_array_equal(arrays["a"], np.arange(number + 1))
+
+
+@pytest.mark.usefixtures("small_whole_filesystem_batches")
+def test_a_long_batch_starts_writing_back_early_and_still_syncs_at_its_end(
+    tmp_path: Path, events: list[tuple[str, str]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tokenmill.index import cache_writes
+
+    # every 2 entries a syncfs on a thread of its own (a head start, through a descriptor of
+    # its own, its errors ignored: a failing one changes nothing); the commit's own syncfs,
+    # after every file is written, is what makes the batch durable
+    monkeypatch.setattr(cache_writes, "EARLY_WRITEBACK_ENTRIES", 2)
+    real_sync = atomic._core.sync_filesystem
+
+    def failing_early(descriptor: int, label: str) -> int:
+        return errno.EIO if label.startswith("early:") else real_sync(descriptor, label)
+
+    monkeypatch.setattr(atomic._core, "sync_filesystem", failing_early)
+    entries = _batch_of(tmp_path, 5)
+    kinds = [kind for kind, _ in events]
+    assert kinds[-8:] == ["filesystem", "dir"] + ["rename"] * 5 + ["dir"]
+    assert events[-8][1] == str(tmp_path)
+    for entry in entries:
+        arrays, problems = entry.load()
+        assert problems == [] and arrays is not None
+    monkeypatch.setattr(atomic._core, "sync_filesystem", real_sync)
+    events.clear()
+    _batch_of(tmp_path / "again", 5)
+    early = [label for kind, label in events if kind == "filesystem" and label.startswith("early")]
+    assert early == [f"early:{tmp_path / 'again'}"] * 2
 
 
 @pytest.mark.usefixtures("small_whole_filesystem_batches")

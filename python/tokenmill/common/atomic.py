@@ -36,6 +36,7 @@ __all__ = [
     "durable_replace",
     "fsync_directory",
     "fsync_enabled",
+    "much_else_dirty",
     "sync_filesystems",
 ]
 
@@ -280,9 +281,10 @@ class WrittenFile:
         in_place: Sequence[bool] = (),
     ) -> list[WrittenFile]:
         """Background files (as ``WrittenFile(path, chunks, background=True)``) for (path,
-        chunks) pairs, handed to the writer in one call: one lock and at most one wake-up of a
-        sleeping writer thread, where each file alone costs a wake-up (about 10 us on a VM; a
-        cold build of a 1,000-source blend writes 5,000 files).
+        chunks) pairs, handed to the writer in one call: one lock, and a sleeping writer thread
+        is woken only once a backlog of files is queued (csrc/file_writer.cpp; a cold build of a
+        1,000-source blend writes 5,000 files, and a wake-up per entry cost more than the
+        writing: the woken thread preempted the builder on a busy machine).
 
         `in_place[i]`: file i is created under its final name (``O_EXCL``) rather than a
         temporary one, so committing it is no rename; if the name exists, it falls back to a
@@ -460,6 +462,13 @@ def _dirty_bytes() -> int | None:
     return found
 
 
+def much_else_dirty(ours: int = 0) -> bool:
+    """Whether the page cache holds more than WHOLE_FILESYSTEM_SYNC_OTHER_BYTES of dirty data
+    besides `ours` bytes (or cannot tell): a syncfs would write back a stranger's data too."""
+    dirty = _dirty_bytes()
+    return dirty is None or dirty - ours > WHOLE_FILESYSTEM_SYNC_OTHER_BYTES
+
+
 class FilesystemSync:
     """A directory held open so that the files written in it afterwards can be made durable by
     one ``syncfs`` of its filesystem (Linux; :meth:`sync` returns False elsewhere).
@@ -495,6 +504,16 @@ class FilesystemSync:
             )
         return True
 
+    def sync_and_close(self, check: bool = True) -> None:
+        """:meth:`sync` (errors raised only with `check`), then :meth:`close`."""
+        try:
+            if self._descriptor is not None:
+                error = _core.sync_filesystem(self._descriptor, "early:" + self.directory)
+                if error and check:
+                    raise OSError(error, os.strerror(error), self.directory)
+        finally:
+            self.close()
+
     def close(self) -> None:
         descriptor, self._descriptor = self._descriptor, None
         if descriptor is not None:
@@ -520,9 +539,8 @@ def sync_filesystems(
         return False
     for file in pending:
         file.close_written()
-    dirty = _dirty_bytes()
     ours = sum(file.status.st_size for file in pending if isinstance(file, WrittenFile))
-    if dirty is None or dirty - ours > WHOLE_FILESYSTEM_SYNC_OTHER_BYTES:
+    if much_else_dirty(ours):
         return False
     synced_devices: set[int] = set()
     for directory in sorted(needed):
