@@ -340,6 +340,9 @@ class WrittenFile:
     def finish(self) -> FileStatus:
         """Wait for the write; raise its error (again on every later call), with nothing left
         behind."""
+        status = self._status
+        if status is not None:  # waited for already: most calls (a batch's commit asks 4 times)
+            return status
         try:
             return self._finish()
         except OSError as error:
