@@ -187,7 +187,7 @@ _TEMPORARY_NUMBERS = itertools.count()
 # after the other and 0.1 s from 16 threads), so a slow fsync never holds up a write. Workers
 # start on demand, only while every started one is busy, and sleep when idle.
 _WRITER_THREADS = {"write": 2, "sync": 16}
-_WRITERS: dict[str, tuple[int, _core.FileWriter]] = {}
+_WRITERS: dict[str, _core.FileWriter] = {}
 _WRITERS_LOCK = threading.Lock()
 
 # FileWriter steps (the `step` of an outcome)
@@ -211,16 +211,17 @@ if hasattr(os, "register_at_fork"):
 
 
 def _writer(kind: str) -> _core.FileWriter:
-    """This process's writer of `kind` ("write" or "sync"); a forked child makes its own."""
-    pid = os.getpid()
+    """This process's writer of `kind` ("write" or "sync"); a forked child makes its own (the
+    at-fork hook above forgets the parent's: no getpid per call, a system call, ~6 per cache
+    entry; where os has no register_at_fork there is no fork either)."""
     found = _WRITERS.get(kind)
-    if found is not None and found[0] == pid:
-        return found[1]
+    if found is not None:
+        return found
     with _WRITERS_LOCK:
         found = _WRITERS.get(kind)
-        if found is None or found[0] != pid:
-            found = _WRITERS[kind] = (pid, _core.FileWriter(_WRITER_THREADS[kind]))
-        return found[1]
+        if found is None:
+            found = _WRITERS[kind] = _core.FileWriter(_WRITER_THREADS[kind])
+        return found
 
 
 def _raise_named(error: OSError, path: str, what: str) -> NoReturn:
@@ -339,6 +340,9 @@ class WrittenFile:
     def finish(self) -> FileStatus:
         """Wait for the write; raise its error (again on every later call), with nothing left
         behind."""
+        status = self._status
+        if status is not None:  # waited for already: most calls (a batch's commit asks 4 times)
+            return status
         try:
             return self._finish()
         except OSError as error:

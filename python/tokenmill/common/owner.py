@@ -72,9 +72,19 @@ def pid_namespace() -> int:
         return 0
 
 
-# (pid, tag) of this process: every temporary file carries the tag, and a blend's cold build
-# writes thousands of them (three system calls each to recompute it); a forked child recomputes
-_OWNER_TAG: tuple[int, str] | None = None
+# The tag of this process: every temporary file carries it, and a blend's cold build writes
+# thousands of them (three system calls each to recompute it, one to compare a pid); a forked
+# child forgets its parent's (the at-fork hook) and recomputes it
+_OWNER_TAG: str | None = None
+
+
+def _forget_tag_in_child() -> None:
+    global _OWNER_TAG
+    _OWNER_TAG = None
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_tag_in_child)
 
 
 def tag(host: str, namespace: int, pid: int) -> str:
@@ -87,11 +97,11 @@ def owner_tag() -> str:
     """``tm-<host>-<boot>-<pid namespace>-<pid>``: this process, as its temporary files name
     it."""
     global _OWNER_TAG
-    pid = os.getpid()
-    cached = _OWNER_TAG
-    if cached is None or cached[0] != pid:
-        cached = _OWNER_TAG = (pid, tag(_host(), pid_namespace(), pid))
-    return cached[1]
+    found = _OWNER_TAG
+    if found is None:
+        pid = os.getpid()
+        found = _OWNER_TAG = tag(_host(), pid_namespace(), pid)
+    return found
 
 
 def pid_alive(pid: int) -> bool:

@@ -473,17 +473,16 @@ class IndexCache:
         problems: list[str] = []
         described: bool | None = None
         if check_description:
+            description = self._file("description.txt")  # str(self.description_path)
             try:
-                found = _read_prefix(
-                    self._file("description.txt"), len(self.description.encode()) + 1
-                )
+                found = _read_prefix(description, len(self.description.encode()) + 1)
                 described = True
                 if found != self.description:
-                    problems.append(f"{self.description_path}: description differs from config")
+                    problems.append(f"{description}: description differs from config")
             except FileNotFoundError:
                 # not committed (or never written): the arrays cannot make it a hit, and a cold
                 # start should not pay three more failing opens per entry to say so
-                return None, [f"{self.description_path}: missing"], False
+                return None, [f"{description}: missing"], False
             except OSError as error:
                 limit = resource_error(error, str(self.description_path))
                 if limit is not None:

@@ -154,12 +154,54 @@ def _numpy_header(array: npt.NDArray[Any]) -> bytes:
     return header.getvalue()
 
 
+# The .npy format 1.0 (numpy's NEP 1, numpy.lib.format): magic, version, the header's length
+# (uint16 little-endian), then the repr of a dict with sorted keys, padded with spaces and a
+# newline so that the data starts at a multiple of ARRAY_ALIGN; since numpy 1.23 the dict's
+# text is first followed by spaces for the first axis to grow to GROWTH_AXIS_MAX_DIGITS
+# digits in place. Both constants are read from numpy (a numpy without them: numpy's writer).
+_NPY_ALIGN = getattr(np.lib.format, "ARRAY_ALIGN", None)
+_NPY_GROWTH_DIGITS = getattr(np.lib.format, "GROWTH_AXIS_MAX_DIGITS", None)
+_NPY_PREFIX_1_0 = b"\x93NUMPY\x01\x00"
+_NPY_PLAIN_KINDS = frozenset("biufcmMSUV")  # dtypes whose descr is dtype.str (dtype_to_descr)
+
+
 def npy_header(array: npt.NDArray[Any]) -> bytes:
-    """The header ``numpy.save`` writes before `array`'s bytes (format 1.0, or 2.0 when the
-    header does not fit 1.0's 16-bit length), by numpy's own writer. (A per-process table of
-    header templates saved ~7 us of its ~10 us per array, about 2 % of a 1,000-source cold
-    build: under the 5 % a protocol state must earn, so it is gone.)"""
-    return _numpy_header(array)
+    """The header ``numpy.save`` writes before the C-contiguous `array`'s bytes (format 1.0, or
+    2.0 when the header does not fit 1.0's 16-bit length), byte for byte.
+
+    Why not numpy's writer alone: it takes ~10 us per array (a dict, its sorted repr, a
+    BytesIO), 3,000 arrays in a 1,000-source cold build. Plain dtypes (no fields, subarray or
+    metadata, whose ``dtype_to_descr`` is ``dtype.str``) are written here in ~1.5 us; every
+    other case is numpy's. tests/test_npy_header.py compares both over dtypes and shapes."""
+    dtype = array.dtype
+    if (
+        _NPY_ALIGN is None
+        or _NPY_GROWTH_DIGITS is None
+        or dtype.kind not in _NPY_PLAIN_KINDS
+        or dtype.names is not None
+        or dtype.subdtype is not None
+        or dtype.metadata is not None
+        or not array.flags.c_contiguous
+    ):
+        return _numpy_header(array)
+    shape = array.shape
+    text = f"{{'descr': {dtype.str!r}, 'fortran_order': False, 'shape': {shape!r}, }}"
+    if shape:
+        text += " " * (_NPY_GROWTH_DIGITS - len(repr(shape[0])))
+    encoded = text.encode("latin1")
+    length = len(encoded) + 1  # with the final newline
+    padding = _NPY_ALIGN - ((len(_NPY_PREFIX_1_0) + 2 + length) % _NPY_ALIGN)
+    if length + padding > 0xFFFF:  # numpy writes format 2.0 then
+        return _numpy_header(array)
+    return b"".join(
+        (
+            _NPY_PREFIX_1_0,
+            (length + padding).to_bytes(2, "little"),
+            encoded,
+            b" " * padding,
+            b"\n",
+        )
+    )
 
 
 def _npy_chunks(
