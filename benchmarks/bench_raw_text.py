@@ -375,7 +375,6 @@ def measure(
         )  # fmt: skip
     cold_raw = min(cold_raw_runs, key=lambda run: run["seconds"])
     offline = min(offline_runs, key=lambda run: run["seconds"])
-    cold_offline = offline
     raw_median = statistics.median(run["seconds"] for run in cold_raw_runs)
     offline_median = statistics.median(run["seconds"] for run in offline_runs)
     rows.append(
@@ -406,9 +405,9 @@ def measure(
     every_run = [("cold", run) for run in [*cold_raw_runs, *offline_runs]]
     every_run += [("warm", run) for run in [*warm_raw_runs, *warm_offline_runs]]
     for name, row in [*rows, *every_run]:
-        if row["first"] != cold_offline["first"]:
+        if row["first"] != offline["first"]:
             sys.exit(f"{name}: its first batch differs from the offline launch's")
-    if megatron is not None and megatron["complete"] and megatron["first"] != cold_offline["first"]:
+    if megatron is not None and megatron["complete"] and megatron["first"] != offline["first"]:
         sys.exit("(a): its first batch differs from the offline launch's")
     print(f"corpus: {len(entries)} jsonl files, {total_mb:.1f} MB (the Jargon File repeated); "
           f"GPT-2 BPE; 2 ranks; sequence length {SEQUENCE_LENGTH}")  # fmt: skip

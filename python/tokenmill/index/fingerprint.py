@@ -138,15 +138,21 @@ def fingerprint_file(path: str | os.PathLike[str]) -> dict[str, Any]:
         whole = _whole_sha256(descriptor) if os.fspath(path).endswith(".idx") else None
     finally:
         os.close(descriptor)
-    found = {
+    return _record(status, digest.hexdigest(), whole)
+
+
+def _record(status: Any, sample_sha256: str, whole_sha256: str | None) -> dict[str, Any]:
+    """A file's fingerprint record (:func:`fingerprint_file`, :func:`fingerprint_read`) from
+    its status (``os.stat_result`` or ``FileStatus``) and hashes."""
+    found: dict[str, Any] = {
         "size": int(status.st_size),
         "mtime_ns": int(status.st_mtime_ns),
-        "sample_sha256": digest.hexdigest(),
+        "sample_sha256": sample_sha256,
         "ctime_ns": int(status.st_ctime_ns),
         "inode": int(status.st_ino),
     }
-    if whole is not None:
-        found["sha256"] = whole
+    if whole_sha256 is not None:
+        found[_WHOLE_FIELD] = whole_sha256
     return found
 
 
@@ -165,16 +171,8 @@ def fingerprint_read(
     digest = hashlib.sha256(view[: min(SAMPLE_BYTES, size)])
     if size > SAMPLE_BYTES:
         digest.update(view[max(SAMPLE_BYTES, size - SAMPLE_BYTES) :])
-    found: dict[str, Any] = {
-        "size": size,
-        "mtime_ns": int(status.st_mtime_ns),
-        "sample_sha256": digest.hexdigest(),
-        "ctime_ns": int(status.st_ctime_ns),
-        "inode": int(status.st_ino),
-    }
-    if os.fspath(path).endswith(".idx"):
-        found[_WHOLE_FIELD] = hashlib.sha256(view).hexdigest()
-    return found
+    whole = hashlib.sha256(view).hexdigest() if os.fspath(path).endswith(".idx") else None
+    return _record(status, digest.hexdigest(), whole)
 
 
 def _whole_sha256(descriptor: int) -> str:

@@ -456,9 +456,14 @@ def adapt_tokenizer_once(
         _cache_entries(cache_dir, "tokenizers"),
         _verdict_key(tokenizer, path, sample_file, options) + ".json",
     )
+
+    def load() -> tuple[TokenizerSpec, Tokenizer]:
+        spec, loaded, _ = adapt_tokenizer(tokenizer, sample_file, options)
+        return spec, loaded
+
     record = _read_verdict(record_path)
     if record is None:
-        spec, loaded, _ = adapt_tokenizer(tokenizer, sample_file, options)
+        spec, loaded = load()
         adapted = _adapted(loaded, spec, None)
         fields = {k: getattr(adapted, k) for k in ("fingerprint", "vocab_size", "backend")}
         atomic_write_text(record_path, json.dumps(fields, sort_keys=True, default=str))
@@ -469,11 +474,6 @@ def adapt_tokenizer_once(
         record["backend"],
         record_path,
     )
-
-    def load() -> tuple[TokenizerSpec, Tokenizer]:
-        spec, loaded, _ = adapt_tokenizer(tokenizer, sample_file, options)
-        return spec, loaded
-
     return _Adapted(
         fingerprint=record["fingerprint"],
         vocab_size=record["vocab_size"],
