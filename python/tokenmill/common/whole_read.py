@@ -4,18 +4,22 @@ A warm start reads five or so small files per source (the ``.idx``, three cached
 fingerprint): each through ``_core.read_small_file``, which opens, ``fstat``s, reads and closes
 without the GIL, straight into the ``bytes`` object returned. :func:`read_whole` is its one
 Python face: errors raised as ``OSError`` naming the path, the status as a
-:class:`~tokenmill.common.atomic.FileStatus`.
+:class:`~tokenmill.common.atomic.FileStatus`. :func:`refresh_attributes` makes the kernel ask the
+filesystem for a file's attributes again, for a reader that suspects its own cached view.
 """
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import os
 import stat
+from typing import Any
 
 from tokenmill import _core
 from tokenmill.common.atomic import FileStatus
 
-__all__ = ["NotARegularFile", "read_whole"]
+__all__ = ["NotARegularFile", "read_whole", "refresh_attributes"]
 
 
 def read_whole(
@@ -70,3 +74,46 @@ def _kind(path: str) -> str:
     if stat.S_ISSOCK(mode):
         return "is a socket"
     return "is a device or special file"
+
+
+# statx(2): AT_FDCWD, AT_STATX_FORCE_SYNC, STATX_BASIC_STATS, and the size of struct statx
+_AT_FDCWD = -100
+_AT_STATX_FORCE_SYNC = 0x2000
+_STATX_BASIC_STATS = 0x7FF
+_STATX_BYTES = 256
+
+
+@functools.cache
+def _statx() -> Any:
+    """libc's statx (glibc >= 2.28), None where there is none (found among the symbols the
+    interpreter already has: no ldconfig run, as ctypes.util.find_library would start)."""
+    if os.uname().sysname != "Linux":
+        return None
+    try:
+        found = ctypes.CDLL(None, use_errno=True).statx
+    except (OSError, AttributeError):
+        return None
+    found.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_uint, ctypes.c_void_p]
+    found.restype = ctypes.c_int
+    return found
+
+
+def refresh_attributes(path: str) -> bool:
+    """Make this machine's kernel fetch the attributes (size, times, inode) of `path` from its
+    filesystem, not its attribute cache: ``statx`` with ``AT_STATX_FORCE_SYNC``, which FUSE
+    and NFS honour and local filesystems ignore. Returns whether it was asked (False where
+    there is no statx, or the call failed).
+
+    Why: a FUSE mount (or NFS without close-to-open consistency) serves a name's attributes
+    from its cache until a timeout (bindfs 1 s, gcsfuse's stat cache a minute), and a read of
+    the file stops at the cached size. A host that looked at a cache file under its final name
+    while another host was still writing it there (a racing builder's ``O_EXCL`` create, its
+    own builder killed after creating it) can see that file empty or short after the other
+    host committed the entry whole. Readers call this when a committed file looks damaged,
+    then read it once more."""
+    statx = _statx()
+    if statx is None:
+        return False
+    status = ctypes.create_string_buffer(_STATX_BYTES)
+    done = statx(_AT_FDCWD, os.fsencode(path), _AT_STATX_FORCE_SYNC, _STATX_BASIC_STATS, status)
+    return bool(done == 0)

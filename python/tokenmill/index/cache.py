@@ -60,11 +60,12 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from tokenmill.common.atomic import FileStatus
 from tokenmill.common.cache_directory import check_cache_directory
 from tokenmill.common.locks import best_effort_lock
 from tokenmill.common.mapping import resource_error
 from tokenmill.common.owner import remove_abandoned
-from tokenmill.common.whole_read import read_whole
+from tokenmill.common.whole_read import read_whole, refresh_attributes
 from tokenmill.errors import CacheError, DataFormatError, ResourceLimitError, StaleCacheError
 from tokenmill.formats.npy import load_npy, load_npy_and_status
 from tokenmill.index import cache_checks
@@ -277,6 +278,28 @@ def _read_prefix(path: str | os.PathLike[str], size: int) -> str:
         return os.pread(descriptor, size, 0).decode("utf-8")
     finally:
         os.close(descriptor)
+
+
+def _load_array(path: str, want_status: bool) -> tuple[npt.NDArray[Any], FileStatus | None]:
+    """The array at `path` (with `want_status`, the status of the file read), read once more
+    after this machine's kernel fetched its attributes afresh (`whole_read.refresh_attributes`)
+    when it looks damaged: the kernel may still hold the size it saw while another host was
+    writing the file under its final name (a racing or killed builder of this host created or
+    looked it up), after that host committed it whole. Without this the builder took a
+    committed entry for a broken one and rebuilt it over the other host's files.
+
+    Raises:
+        FileNotFoundError, ResourceLimitError: as load_npy does (not retried).
+        OSError, DataFormatError: the file is unreadable or truncated, read afresh.
+    """
+    try:
+        return load_npy_and_status(path) if want_status else (load_npy(path), None)
+    except (FileNotFoundError, ResourceLimitError):
+        raise
+    except (OSError, DataFormatError):
+        if not refresh_attributes(path):
+            raise
+    return load_npy_and_status(path) if want_status else (load_npy(path), None)
 
 
 def _sweep_abandoned(directory: Path, context: BuildContext) -> None:
@@ -494,10 +517,8 @@ class IndexCache:
         for name in self.array_names:
             path = self._file(f"{name}.npy")
             try:
-                if statuses is None:
-                    array = load_npy(path)
-                else:
-                    array, status = load_npy_and_status(path)
+                array, status = _load_array(path, statuses is not None)
+                if statuses is not None and status is not None:
                     statuses[name] = {
                         **data_fingerprint.array_status(status),
                         "ctime_ns": int(status.st_ctime_ns),

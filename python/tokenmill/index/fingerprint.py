@@ -53,7 +53,7 @@ from typing import Any, NamedTuple
 
 from tokenmill.common.atomic import FileStatus, WrittenFile
 from tokenmill.common.sidecar import check_header
-from tokenmill.common.whole_read import read_whole
+from tokenmill.common.whole_read import read_whole, refresh_attributes
 from tokenmill.errors import DataFormatError
 
 __all__ = [
@@ -321,8 +321,21 @@ _MAX_SIDECAR_BYTES = 1 << 24
 
 
 def _read_fingerprint_dated(path: str | os.PathLike[str]) -> Sidecar | None:
-    """The sidecar at `path`, or None if there is none."""
+    """The sidecar at `path`, or None if there is none; one that is not a valid sidecar is read
+    once more after this machine's kernel fetched its attributes afresh: a sidecar is written
+    under its final name in a batch, and the kernel may still hold the size it saw while
+    another host was writing it (`whole_read.refresh_attributes`)."""
     path = os.fspath(path)
+    try:
+        return _read_sidecar(path)
+    except DataFormatError:
+        if not refresh_attributes(path):
+            raise
+    return _read_sidecar(path)
+
+
+def _read_sidecar(path: str) -> Sidecar | None:
+    """The sidecar at `path` as read, or None if there is none."""
     # one call (open, fstat, read, close without the GIL): a warm start reads one per entry
     try:
         raw, status = read_whole(path, _MAX_SIDECAR_BYTES)
