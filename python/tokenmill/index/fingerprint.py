@@ -53,7 +53,7 @@ from typing import Any, NamedTuple
 
 from tokenmill.common.atomic import FileStatus, WrittenFile
 from tokenmill.common.sidecar import check_header
-from tokenmill.common.whole_read import read_whole
+from tokenmill.common.whole_read import Contents, read_whole, sampled_ahead
 from tokenmill.errors import DataFormatError
 
 __all__ = [
@@ -126,6 +126,13 @@ def fingerprint_file(path: str | os.PathLike[str]) -> dict[str, Any]:
     Raises:
         FileNotFoundError: the file does not exist.
     """
+    path = os.fspath(path)
+    whole_file = path.endswith(".idx")
+    if not whole_file:  # read ahead, if the builder did (common.whole_read.reading_ahead)
+        ahead = sampled_ahead(path, SAMPLE_BYTES)
+        if ahead is not None:
+            read_status, head, tail = ahead
+            return _record(read_status, hashlib.sha256(head + tail).hexdigest(), None)
     # descriptor calls, not a Python file object: a cold blend fingerprints 2 files per source
     descriptor = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
     try:
@@ -135,7 +142,7 @@ def fingerprint_file(path: str | os.PathLike[str]) -> dict[str, Any]:
         if status.st_size > SAMPLE_BYTES:
             start = max(SAMPLE_BYTES, status.st_size - SAMPLE_BYTES)
             digest.update(_read_at(descriptor, status.st_size - start, start))
-        whole = _whole_sha256(descriptor) if os.fspath(path).endswith(".idx") else None
+        whole = _whole_sha256(descriptor) if whole_file else None
     finally:
         os.close(descriptor)
     return _record(status, digest.hexdigest(), whole)
@@ -157,7 +164,7 @@ def _record(status: Any, sample_sha256: str, whole_sha256: str | None) -> dict[s
 
 
 def fingerprint_read(
-    path: str | os.PathLike[str], status: FileStatus, contents: bytes
+    path: str | os.PathLike[str], status: FileStatus, contents: Contents
 ) -> dict[str, Any] | None:
     """:func:`fingerprint_file`'s record of a file already read whole, from those bytes and the
     ``fstat`` of the same open (`common.whole_read.read_whole`): the same fields and hashes,
@@ -230,7 +237,7 @@ def _stat_once(path: str, memo: FileMemo | None) -> os.stat_result:
     return found
 
 
-WholeReads = Mapping[str, tuple[FileStatus, bytes]]
+WholeReads = Mapping[str, tuple[FileStatus, Contents]]
 """Data files already read whole, by path: the ``fstat`` of that open and the bytes read."""
 
 
