@@ -112,9 +112,13 @@ void ReadAhead::run() noexcept {
     size_t index;
     {
       std::unique_lock<std::mutex> lock(mutex_);
-      room_.wait(lock, [this] {
-        return stopping_ || (pending_ < max_pending_ && pending_bytes_ < max_pending_bytes_);
-      });
+      if (!stopping_ && (pending_ >= max_pending_ || pending_bytes_ >= max_pending_bytes_)) {
+        // full: sleep until the takes have emptied half of it (a wake-up per take cost the
+        // taker ~14 us of its own CPU, more than the read it saved)
+        asleep_ = true;
+        room_.wait(lock, [this] { return stopping_ || half_empty(); });
+        asleep_ = false;
+      }
       while (next_ < requests_.size() && states_[next_] != State::pending) ++next_;
       if (stopping_ || next_ >= requests_.size()) return;
       index = next_++;
@@ -123,10 +127,15 @@ void ReadAhead::run() noexcept {
     ReadAheadResult result = read_ahead_one(requests_[index]);
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      pending_ += 1;
-      pending_bytes_ += result.length;
-      results_[index] = std::move(result);
-      states_[index] = State::done;
+      read_by_worker_ += 1;
+      if (index < passed_) {
+        states_[index] = State::taken;  // passed over while it was read: the result is freed
+      } else {
+        pending_ += 1;
+        pending_bytes_ += result.length;
+        results_[index] = std::move(result);
+        states_[index] = State::done;
+      }
     }
     done_.notify_all();
   }
@@ -136,22 +145,41 @@ std::optional<ReadAheadResult> ReadAhead::take(size_t index) {
   if (index >= requests_.size() || static_cast<long>(::getpid()) != owner_pid_) {
     return std::nullopt;
   }
+  std::optional<ReadAheadResult> taken;
+  bool read_here = false;
+  bool wake = false;
   {
     std::unique_lock<std::mutex> lock(mutex_);
-    if (states_[index] == State::taken) return std::nullopt;
-    if (states_[index] != State::pending) {
-      done_.wait(lock, [&] { return states_[index] == State::done; });
-      ReadAheadResult result = std::move(results_[index]);
-      states_[index] = State::taken;
-      pending_ -= 1;
-      pending_bytes_ -= result.length;
-      lock.unlock();
-      room_.notify_one();
-      return result;
+    pass_over(index);
+    if (states_[index] == State::pending) {
+      states_[index] = State::taken;  // not started: read here, the worker skips it
+      read_here = true;
+    } else if (states_[index] != State::taken) {
+      done_.wait(lock, [&] { return states_[index] != State::reading; });
+      if (states_[index] == State::done) {  // (taken: passed over by another take meanwhile)
+        taken = std::move(results_[index]);
+        states_[index] = State::taken;
+        pending_ -= 1;
+        pending_bytes_ -= taken->length;
+      }
     }
-    states_[index] = State::taken;  // not started: read here, the worker skips it
+    wake = asleep_ && half_empty();
   }
-  return read_ahead_one(requests_[index]);
+  if (wake) room_.notify_one();
+  if (read_here) taken = read_ahead_one(requests_[index]);
+  return taken;
+}
+
+void ReadAhead::pass_over(size_t index) {
+  for (; passed_ + kPassedOver < index; ++passed_) {
+    State& state = states_[passed_];
+    if (state == State::done) {
+      pending_ -= 1;
+      pending_bytes_ -= results_[passed_].length;
+      results_[passed_] = ReadAheadResult();  // freed
+    }
+    if (state != State::reading) state = State::taken;  // (one being read: the worker drops it)
+  }
 }
 
 }  // namespace tokenmill

@@ -18,8 +18,13 @@
 // take(index) returns a request's result once, reading it on the calling thread if the worker
 // has not started it (so no order of takes can wait on the worker's window), and nullopt for an
 // index taken already or out of range, or in a forked child (which has no worker: the caller
-// reads the file itself). The worker stays at most `max_pending` results or `max_pending_bytes`
-// of buffers ahead of the takes. The destructor stops the worker and frees what was not taken.
+// reads the file itself). A take passes over the requests more than kPassedOver before it: those
+// not taken by then are not wanted (a cache hit fingerprints no .bin), so their results are
+// freed and those not started are skipped, and results nobody takes never fill the window; a
+// later take of one reads it on the caller's thread. The worker stays at most `max_pending` results or `max_pending_bytes`
+// of buffers ahead of the takes, and once there sleeps until the takes have emptied half of that
+// (one wake-up per half window, not per take). The destructor stops the worker and frees what
+// was not taken.
 #pragma once
 
 #include <condition_variable>
@@ -57,6 +62,8 @@ ReadAheadResult read_ahead_one(const ReadAheadRequest& request) noexcept;
 
 class ReadAhead {
  public:
+  static constexpr size_t kPassedOver = 16;
+
   ReadAhead(std::vector<ReadAheadRequest> requests, size_t max_pending, size_t max_pending_bytes);
   ~ReadAhead();
   ReadAhead(const ReadAhead&) = delete;
@@ -64,11 +71,18 @@ class ReadAhead {
 
   std::optional<ReadAheadResult> take(size_t index);
   size_t size() const { return requests_.size(); }
-  bool whole(size_t index) const { return index < requests_.size() && requests_[index].whole; }
+  size_t read_by_worker() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return read_by_worker_;
+  }
 
  private:
   enum class State : unsigned char { pending, reading, done, taken };
   void run() noexcept;
+  void pass_over(size_t index);  // under the lock
+  bool half_empty() const {
+    return pending_ <= max_pending_ / 2 && pending_bytes_ <= max_pending_bytes_ / 2;
+  }
 
   const std::vector<ReadAheadRequest> requests_;
   const size_t max_pending_;
@@ -80,9 +94,12 @@ class ReadAhead {
   std::vector<State> states_;
   std::vector<ReadAheadResult> results_;
   size_t next_ = 0;           // the worker's next request
+  size_t passed_ = 0;         // requests before it were passed over (or taken)
   size_t pending_ = 0;        // results done and not taken
   size_t pending_bytes_ = 0;  // their buffers' bytes
   bool stopping_ = false;
+  bool asleep_ = false;       // the worker waits for room
+  size_t read_by_worker_ = 0;
   std::thread worker_;
 };
 

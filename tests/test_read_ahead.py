@@ -137,7 +137,7 @@ def test_the_core_reader_takes_once_and_refuses_unknown_requests(tmp_path: Path)
     reader = _core.ReadAhead([(str(path), False, 0, SAMPLE)], 4, 1 << 20)
     error, step, sampled, head, size, *_ = reader.take(0)
     assert (error, step, head, size) == (0, 0, SAMPLE, 3 * SAMPLE)
-    assert sampled == data[:SAMPLE] + data[-SAMPLE:]
+    assert bytes(memoryview(sampled)) == data[:SAMPLE] + data[-SAMPLE:]
     assert reader.take(0) is None and reader.take(1) is None and len(reader) == 1
 
 
@@ -196,3 +196,37 @@ def test_a_cold_blend_build_takes_every_source_from_the_read_ahead(
         return {os.path.basename(name): (cache / name).read_bytes() for name in names}
 
     assert arrays(tmp_path / "ahead") == arrays(tmp_path / "alone")
+
+
+def test_results_nobody_takes_do_not_stop_the_read_ahead(tmp_path: Path) -> None:
+    """A warm open takes each .idx and never the .bin read ahead beside it (a hit needs no
+    fingerprint): those are passed over and freed, and the worker keeps reading ahead for every
+    source, well past its window (it stopped after 64 before: untaken results filled it)."""
+    import time
+
+    count = 4 * whole_read._MAX_PENDING
+    requests: list[tuple[str, bool, int, int]] = []
+    for number in range(count):
+        for suffix, whole in ((".idx", True), (".bin", False)):
+            path = tmp_path / f"{number}{suffix}"
+            _write(path, 100, seed=number)
+            requests.append((str(path), whole, LIMIT, SAMPLE))
+    reader = _core.ReadAhead(requests, whole_read._MAX_PENDING, 1 << 26)
+    for number in range(count):
+        deadline = time.monotonic() + 5
+        while reader.read_by_worker < min(2 * number + 2, len(requests)):
+            assert time.monotonic() < deadline, f"the worker stopped at {reader.read_by_worker}"
+            time.sleep(0.0005)
+        found = reader.take(2 * number)
+        assert (
+            found is not None
+            and bytes(memoryview(found[2])) == Path(requests[2 * number][0]).read_bytes()
+        )
+    assert reader.read_by_worker == len(requests)
+    # a result passed over is gone; one within the slack is not
+    reader = _core.ReadAhead(
+        [(str(path), True, LIMIT, 0) for path, *_ in requests[:40]], 8, 1 << 20
+    )
+    assert reader.take(39) is not None
+    assert reader.take(0) is None
+    assert reader.take(39 - _core.ReadAhead.passed_over) is not None

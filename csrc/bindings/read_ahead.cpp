@@ -70,17 +70,13 @@ class PyReadAhead {
     }
     py::object data = py::none();
     if (error == 0 && result.read) {
-      if (ahead_request_whole(index)) {
-        data = py::cast(std::make_unique<OwnedBuffer>(std::move(result.contents), result.length));
-      } else {
-        data = py::bytes(result.contents.get(), result.length);
-      }
+      data = py::cast(std::make_unique<OwnedBuffer>(std::move(result.contents), result.length));
     }
     return py::make_tuple(error, step, std::move(data), result.head, opened.size, opened.inode,
                           opened.mtime_ns, opened.ctime_ns);
   }
   size_t size() const { return ahead_->size(); }
-  bool ahead_request_whole(size_t index) const { return ahead_->whole(index); }
+  size_t read_by_worker() const { return ahead_->read_by_worker(); }
 
  private:
   std::unique_ptr<ReadAhead> ahead_;
@@ -94,7 +90,7 @@ void register_read_ahead(py::module_& m) {
                           "protocol, freed when the last view of them is.")
       .def_buffer(&OwnedBuffer::buffer)
       .def("__len__", &OwnedBuffer::size);
-  py::class_<PyReadAhead>(m, "ReadAhead",
+  auto read_ahead = py::class_<PyReadAhead>(m, "ReadAhead",
                           "Data files read ahead of their use on a background thread without "
                           "the GIL (csrc/read_ahead.hpp).")
       .def(py::init<const std::vector<std::tuple<std::string, bool, uint64_t, uint64_t>>&, size_t,
@@ -105,11 +101,14 @@ void register_read_ahead(py::module_& m) {
            "`max_pending` results and `max_pending_bytes` bytes ahead of take().")
       .def("take", &PyReadAhead::take, "index"_a,
            "Request `index`'s result, once: (errno, failed step, data, head, size, inode, "
-           "mtime_ns, ctime_ns), data an OwnedBuffer (whole), bytes (sampled: head bytes, then "
+           "mtime_ns, ctime_ns), data an OwnedBuffer (whole: the file; sampled: `head` bytes, then "
            "the tail) or None (not read: an error, or a whole file over the limit); read on this "
            "thread if the worker has not started it. None if taken already, out of range, or in a "
            "forked child. Steps as read_small_file's.")
+      .def_property_readonly("read_by_worker", &PyReadAhead::read_by_worker,
+                             "How many results the worker has read (diagnostics, tests).")
       .def("__len__", &PyReadAhead::size);
+  read_ahead.attr("passed_over") = ReadAhead::kPassedOver;
 }
 
 }  // namespace tokenmill::bindings

@@ -89,6 +89,8 @@ class ReadAhead:
     """Data files read ahead of their use on a background thread without the GIL
     (csrc/read_ahead.hpp)."""
 
+    passed_over: int
+
     def __init__(
         self,
         requests: Sequence[tuple[str, bool, int, int]],
@@ -97,7 +99,9 @@ class ReadAhead:
     ) -> None: ...
     def take(
         self, index: int
-    ) -> tuple[int, int, OwnedBuffer | bytes | None, int, int, int, int, int] | None: ...
+    ) -> tuple[int, int, OwnedBuffer | None, int, int, int, int, int] | None: ...
+    @property
+    def read_by_worker(self) -> int: ...
     def __len__(self) -> int: ...
 
 class FileWriter:

@@ -104,11 +104,11 @@ def _taken_whole(path: str, limit: int) -> tuple[Any, FileStatus] | None:
     return data, FileStatus(size, inode, mtime_ns, ctime_ns, -1)
 
 
-def sampled_ahead(path: str, sample: int) -> tuple[FileStatus, bytes, bytes] | None:
+def sampled_ahead(path: str, sample: int) -> tuple[FileStatus, memoryview, memoryview] | None:
     """(status, head, tail) of `path` as read ahead by the enclosing :func:`reading_ahead`: the
-    first `sample` bytes and the last `sample` after them, with the ``fstat`` of that open (the
-    generation is not asked for: -1). None when it was not read ahead (not named, taken already,
-    another sample size, or its read failed: read it again to see why)."""
+    first `sample` bytes and the last `sample` after them (read-only views), with the ``fstat``
+    of that open (the generation is not asked for: -1). None when it was not read ahead (not
+    named, taken already, another sample size, or its read failed: read it again to see why)."""
     ahead = _AHEAD.get()
     if ahead is None or sample != ahead.sample:
         return None
@@ -119,7 +119,8 @@ def sampled_ahead(path: str, sample: int) -> tuple[FileStatus, bytes, bytes] | N
     if error or data is None:
         return None
     status = FileStatus(size, inode, mtime_ns, ctime_ns, -1)
-    return status, data[:head], data[head:]
+    view = memoryview(data)
+    return status, view[:head], view[head:]
 
 
 def read_whole(
