@@ -166,10 +166,10 @@ class GPTDataset(MegatronDataset):
     def _files_read_ahead(dataset_path: str, config: GPTDatasetConfig) -> list[tuple[str, bool]]:
         """The `.idx` (read whole by the IndexedDataset when small) and, when the cache checks
         the data, the `.bin` (its sampled fingerprint on a cold build): local files only."""
-        if _is_object_storage_path(dataset_path):
+        if config.mock or _is_object_storage_path(dataset_path):
             return []
         files = [(dataset_path + ".idx", True)]
-        if config.path_to_cache and config.cache_data_check != "off":
+        if config.cache_data_check != "off":  # (the cache is path_to_cache or beside the data)
             files.append((dataset_path + ".bin", False))
         return files
 
