@@ -14,7 +14,8 @@ namespace {
 int read_at(int descriptor, char* buffer, size_t size, uint64_t offset, size_t& done) noexcept {
   done = 0;
   while (done < size) {
-    ssize_t got = ::pread(descriptor, buffer + done, size - done, static_cast<off_t>(offset + done));
+    const off_t at = static_cast<off_t>(offset + done);
+    ssize_t got = ::pread(descriptor, buffer + done, size - done, at);
     if (got < 0 && errno == EINTR) continue;
     if (got < 0) return errno;
     if (got == 0) break;

@@ -15,16 +15,15 @@
 //    read_and_close), close;
 //  * sampled: open, fstat, read the first `sample` bytes and the last `sample` bytes after
 //    those (fewer for a smaller file), close.
-// take(index) returns a request's result once, reading it on the calling thread if the worker
-// has not started it (so no order of takes can wait on the worker's window), and nullopt for an
-// index taken already or out of range, or in a forked child (which has no worker: the caller
-// reads the file itself). A take passes over the requests more than kPassedOver before it: those
-// not taken by then are not wanted (a cache hit fingerprints no .bin), so their results are
-// freed and those not started are skipped, and results nobody takes never fill the window; a
-// later take of one reads it on the caller's thread. The worker stays at most `max_pending` results or `max_pending_bytes`
-// of buffers ahead of the takes, and once there sleeps until the takes have emptied half of that
-// (one wake-up per half window, not per take). The destructor stops the worker and frees what
-// was not taken.
+// take(index) returns a request's result once, reading it on the calling thread if the worker has
+// not started it (so no order of takes can wait on the worker's window), and nullopt for an index
+// taken already or out of range, or in a forked child (which has no worker: the caller reads the
+// file itself). A take passes over the requests more than kPassedOver before it: those not taken by
+// then are not wanted (a cache hit fingerprints no .bin), so their results are freed and those not
+// started are skipped, and results nobody takes never fill the window; a later take of one returns
+// nullopt. The worker stays at most `max_pending` results or `max_pending_bytes` of buffers ahead
+// of the takes, and once there sleeps until the takes have emptied half of that (one wake-up per
+// half window, not per take). The destructor stops the worker and frees what was not taken.
 #pragma once
 
 #include <condition_variable>
