@@ -45,7 +45,7 @@ def test_a_file_read_ahead_whole_is_its_bytes_and_status(tmp_path: Path, size: i
     path = tmp_path / "a.idx"
     data = _write(path, size)
     with reading_ahead([(str(path), True)], LIMIT, SAMPLE):
-        contents, status = read_whole(str(path), LIMIT)
+        contents, status = read_whole(str(path), LIMIT, ahead=True)
     assert isinstance(contents, _core.OwnedBuffer)  # taken from the read ahead, not read again
     assert len(contents) == size and bytes(memoryview(contents)) == data
     assert np.array_equal(np.frombuffer(contents, dtype=np.uint8), np.frombuffer(data, np.uint8))
@@ -56,7 +56,7 @@ def test_a_file_over_the_limit_is_left_to_the_reader(tmp_path: Path) -> None:
     path = tmp_path / "big.idx"
     _write(path, LIMIT + 1)
     with reading_ahead([(str(path), True)], LIMIT, SAMPLE):
-        contents, status = read_whole(str(path), LIMIT, keep_open=True)
+        contents, status = read_whole(str(path), LIMIT, keep_open=True, ahead=True)
     assert isinstance(contents, int)  # the reader's own open, kept for it to map
     os.close(contents)
     assert status.st_size == LIMIT + 1
@@ -80,9 +80,9 @@ def test_each_result_is_taken_once(tmp_path: Path) -> None:
     path = tmp_path / "a.idx"
     before = _write(path, 1000, seed=1)
     with reading_ahead([(str(path), True)], LIMIT, SAMPLE):
-        first, _ = read_whole(str(path), LIMIT)
+        first, _ = read_whole(str(path), LIMIT, ahead=True)
         after = _write(path, 1000, seed=2)
-        second, _ = read_whole(str(path), LIMIT)  # read again: the file as it is now
+        second, _ = read_whole(str(path), LIMIT, ahead=True)  # read again: the file as it is now
     assert bytes(memoryview(first)) == before and isinstance(second, bytes) and second == after
 
 
@@ -90,8 +90,8 @@ def test_other_limits_sizes_and_paths_are_read_as_usual(tmp_path: Path) -> None:
     path, other = tmp_path / "a.idx", tmp_path / "b.idx"
     data, more = _write(path, 100), _write(other, 100, seed=3)
     with reading_ahead([(str(path), True)], LIMIT, SAMPLE):
-        assert read_whole(str(other), LIMIT)[0] == more  # not named
-        assert read_whole(str(path), LIMIT - 1)[0] == data  # read with another limit
+        assert read_whole(str(other), LIMIT, ahead=True)[0] == more  # not named
+        assert read_whole(str(path), LIMIT - 1, ahead=True)[0] == data  # read with another limit
         assert whole_read.sampled_ahead(str(path), SAMPLE) is None  # named whole, not sampled
     with reading_ahead([(str(path), False)], LIMIT, SAMPLE):
         assert whole_read.sampled_ahead(str(path), SAMPLE // 2) is None  # another sample size
@@ -108,7 +108,7 @@ def test_takes_in_any_order_never_wait_for_the_window(tmp_path: Path) -> None:
     def take_all() -> None:
         with reading_ahead([(str(path), True) for path in paths], LIMIT, SAMPLE):
             for number in reversed(range(count)):
-                data, _ = read_whole(str(paths[number]), LIMIT)
+                data, _ = read_whole(str(paths[number]), LIMIT, ahead=True)
                 found[number] = bytes(memoryview(data))
 
     taker = threading.Thread(target=take_all, daemon=True)
@@ -123,10 +123,10 @@ def test_a_failed_read_ahead_raises_when_the_file_is_asked_for(tmp_path: Path) -
     os.mkfifo(fifo)
     with reading_ahead([(str(missing), True), (str(fifo), True)], LIMIT, SAMPLE):
         with pytest.raises(FileNotFoundError) as error:
-            read_whole(str(missing), LIMIT)
+            read_whole(str(missing), LIMIT, ahead=True)
         assert error.value.filename == str(missing)
         with pytest.raises(NotARegularFile, match="FIFO"):
-            read_whole(str(fifo), LIMIT)
+            read_whole(str(fifo), LIMIT, ahead=True)
     with reading_ahead([(str(missing), False)], LIMIT, SAMPLE), pytest.raises(FileNotFoundError):
         fingerprint.fingerprint_file(missing)
 
@@ -149,12 +149,12 @@ def test_a_forked_child_reads_for_itself(tmp_path: Path) -> None:
         child = os.fork()
         if child == 0:
             try:
-                contents, _ = read_whole(str(path), LIMIT)
+                contents, _ = read_whole(str(path), LIMIT, ahead=True)
                 os._exit(0 if contents == data and isinstance(contents, bytes) else 3)
             except BaseException:
                 os._exit(4)
         _, status = os.waitpid(child, 0)
-        taken, _ = read_whole(str(path), LIMIT)  # still the parent's to take
+        taken, _ = read_whole(str(path), LIMIT, ahead=True)  # still the parent's to take
     assert os.waitstatus_to_exitcode(status) == 0
     assert bytes(memoryview(taken)) == data
 
@@ -230,3 +230,15 @@ def test_results_nobody_takes_do_not_stop_the_read_ahead(tmp_path: Path) -> None
     assert reader.take(39) is not None
     assert reader.take(0) is None
     assert reader.take(39 - _core.ReadAhead.passed_over) is not None
+
+
+def test_only_a_reader_that_asks_takes_a_read_ahead(tmp_path: Path) -> None:
+    """Callers that do not ask (`ahead`) get bytes, read as usual, and leave the read ahead's
+    result for the one that asks."""
+    path = tmp_path / "a.idx"
+    data = _write(path, 300)
+    with reading_ahead([(str(path), True)], LIMIT, SAMPLE):
+        plain, _ = read_whole(str(path), LIMIT)
+        taken, _ = read_whole(str(path), LIMIT, ahead=True)
+    assert isinstance(plain, bytes) and plain == data
+    assert isinstance(taken, _core.OwnedBuffer) and bytes(memoryview(taken)) == data

@@ -183,10 +183,11 @@ _TEMPORARY_NUMBERS = itertools.count()
 # The background writers (csrc/file_writer.hpp). "write" creates, writes, fstats and closes
 # files: one thread, because a cache's files are created in one directory, whose lock makes a
 # second creating thread wait, or spin on the lock (on a 2-core machine, a 1,000-source cold
-# build ran ~40 ms faster with one: bench_scale, benchmarks/SCALE.md). "sync" fsyncs them: its jobs wait on the disk, and many in flight share the disk's
-# journal commits (on the project's 2-core dev VM, ext4: 2,000 small files took 5 s fsynced one
-# after the other and 0.1 s from 16 threads), so a slow fsync never holds up a write. Workers
-# start on demand, only while every started one is busy, and sleep when idle.
+# build ran ~40 ms faster with one: benchmarks/SCALE.md). "sync" fsyncs them: its jobs wait on
+# the disk, and many in flight share the disk's journal commits (on the project's 2-core dev
+# VM, ext4: 2,000 small files took 5 s fsynced one after the other and 0.1 s from 16 threads),
+# so a slow fsync never holds up a write. Workers start on demand, only while every started one
+# is busy, and sleep when idle.
 _WRITER_THREADS = {"write": 1, "sync": 16}
 _WRITERS: dict[str, _core.FileWriter] = {}
 _WRITERS_LOCK = threading.Lock()

@@ -91,7 +91,7 @@ def reading_ahead(requests: Sequence[tuple[str, bool]], limit: int, sample: int)
         ahead.close()
 
 
-def _taken_whole(path: str, limit: int) -> tuple[Any, FileStatus] | None:
+def _taken_whole(path: str, limit: int) -> tuple[Contents, FileStatus] | None:
     ahead = _AHEAD.get()
     if ahead is None or limit != ahead.limit:
         return None
@@ -124,8 +124,12 @@ def sampled_ahead(path: str, sample: int) -> tuple[FileStatus, memoryview, memor
 
 
 def read_whole(
-    path: str, limit: int, want_generation: bool = False, keep_open: bool = False
-) -> tuple[Any, FileStatus]:
+    path: str,
+    limit: int,
+    want_generation: bool = False,
+    keep_open: bool = False,
+    ahead: bool = False,
+) -> tuple[Contents | int | None, FileStatus]:
     """(contents, status) of the file at `path`, read whole by one call if it has at most
     `limit` bytes.
 
@@ -133,14 +137,17 @@ def read_whole(
     read-only descriptor, for the caller to map and close (no second open or ``fstat``). The
     read asks for one byte more than ``fstat`` reported, so a file that grew since shows as
     longer than its status says. The status carries the inode's generation only with
-    `want_generation` (-1 otherwise, or where the filesystem reports none).
+    `want_generation` (-1 otherwise, or where the filesystem reports none). With `ahead`,
+    inside :func:`reading_ahead`, a file read ahead is not read again: its contents are then a
+    read-only buffer (``_core.OwnedBuffer``: ``len``, ``memoryview``, ``numpy.frombuffer``);
+    without it, they are bytes.
 
     Raises:
         OSError: the open, ``fstat`` or read failed (errno and `path`; FileNotFoundError for a
             missing file), or `path` is not a regular file (a FIFO, planted where a data or
             cache file is expected, is opened without blocking and refused).
     """
-    if not want_generation:
+    if ahead and not want_generation:
         taken = _taken_whole(path, limit)
         if taken is not None:
             return taken

@@ -261,7 +261,7 @@ class _IndexReader:
             # an index of up to READ_BELOW bytes: one call (open, fstat, read, close without the
             # GIL); a larger one is left open by that call, to be mapped; a blend opens one per
             # source
-            data, status = read_whole(idx_path, READ_BELOW, keep_open=True)
+            data, status = read_whole(idx_path, READ_BELOW, keep_open=True, ahead=True)
             size = status.st_size
             # bytes, or the buffer of a read ahead (common.whole_read.reading_ahead)
             if isinstance(data, (bytes, _core.OwnedBuffer)) and len(data) == size:
