@@ -1,11 +1,11 @@
 // Small files written in the background: the I/O half of tokenmill's cache writes.
 //
-// Not a kernel (kernels do no I/O): this is the one place in csrc that touches the filesystem,
-// and it knows nothing of Python either. Why it is C++: a cold build of a 1,000-source blend
-// writes 5,000 small files, and each Python-level open/write/close waits for the GIL while the
-// builder thread computes the next member's indices, so writes from Python threads ran slower
-// than writes in line. A worker here never needs the GIL: the files of one member are written
-// while the caller builds the next (benchmarks/bench_scale.py measures the cold build).
+// Not a kernel (kernels do no I/O): this and read_ahead.hpp are the places in csrc that touch the
+// filesystem, and they know nothing of Python either. Why it is C++: a cold build of a 1,000-source
+// blend writes 5,000 small files, and each Python-level open/write/close waits for the GIL while
+// the builder thread computes the next member's indices, so writes from Python threads ran slower
+// than writes in line. A worker here never needs the GIL: the files of one member are written while
+// the caller builds the next (benchmarks/bench_scale.py measures the cold build).
 //
 // A FileWriter owns a queue and up to `threads` worker threads (started on demand).
 //  * submit_write(path, chunks, sync): create `path` with O_CREAT | O_EXCL (mode 0666 minus the

@@ -249,7 +249,7 @@ def test_a_rank_that_does_not_build_trusts_the_builders_verdict(
     forbid_builds(monkeypatch)
     monkeypatch.setattr("tokenmill.datasets.gpt.is_cache_builder", lambda scope: False)
 
-    def no_fingerprints(path: object) -> None:
+    def no_fingerprints(path: object, *hashed_with: str) -> None:
         raise AssertionError(f"{path} fingerprinted on a rank that does not build")
 
     monkeypatch.setattr("tokenmill.index.fingerprint.fingerprint_file", no_fingerprints)
@@ -442,9 +442,9 @@ def test_a_blend_fingerprints_each_data_file_once(
     from_reads: list[str] = []
     real, real_read = fingerprint.fingerprint_file, fingerprint.fingerprint_read
 
-    def counting(path: str) -> dict[str, object]:
+    def counting(path: str, *hashed_with: str) -> dict[str, object]:
         calls.append(str(path))
-        return real(path)
+        return real(path, *hashed_with)
 
     def counting_read(path: str, *read: Any) -> dict[str, object] | None:
         from_reads.append(str(path))

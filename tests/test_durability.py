@@ -15,6 +15,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tokenmill._core import _testing
 from tokenmill.common import atomic
@@ -619,3 +621,12 @@ def test_a_batch_belongs_to_its_build_and_another_thread_commits_at_once(tmp_pat
         assert saved_elsewhere == [True]  # committed when its save returned
         assert not batched.description_path.exists()  # this batch commits at its end
     assert batched.description_path.is_file()
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.text(alphabet="ab/.", max_size=12), max_size=8))
+def test_the_directories_of_a_commit_are_those_of_dirname(paths: list[str]) -> None:
+    """The commit's directories (computed once per directory, not per file) are
+    ``abspath(dirname(path))`` of each path, whatever slashes and dots it holds."""
+    expected = {os.path.abspath(os.path.dirname(path) or os.curdir) for path in paths}
+    assert atomic._directories(paths) == expected

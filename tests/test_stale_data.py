@@ -132,7 +132,7 @@ def test_same_size_and_mtime_but_new_contents_is_detected(shard: str, tmp_path: 
     tokens.tofile(shard + ".bin")
     os.utime(shard + ".bin", ns=(stat.st_atime_ns, stat.st_mtime_ns))
     assert os.stat(shard + ".bin").st_size == stat.st_size
-    with pytest.raises(StaleCacheError, match=rf"{shard}\.bin: sample_sha256 was"):
+    with pytest.raises(StaleCacheError, match=rf"{shard}\.bin: sample_xxh3_128 was"):
         build(shard, config)
 
 
@@ -314,11 +314,11 @@ def test_fingerprint_reads_both_ends_of_large_files(tmp_path: Path) -> None:
     first = fingerprint.fingerprint_file(path)
     data[-1] = 1  # only the tail differs
     path.write_bytes(bytes(data))
-    assert fingerprint.fingerprint_file(path)["sample_sha256"] != first["sample_sha256"]
+    assert fingerprint.fingerprint_file(path)["sample_xxh3_128"] != first["sample_xxh3_128"]
     data[-1] = 0
     data[len(data) // 2] = 1  # the middle is not sampled
     path.write_bytes(bytes(data))
-    assert fingerprint.fingerprint_file(path)["sample_sha256"] == first["sample_sha256"]
+    assert fingerprint.fingerprint_file(path)["sample_xxh3_128"] == first["sample_xxh3_128"]
 
 
 def test_fingerprint_round_trip_and_missing(shard: str, tmp_path: Path) -> None:
@@ -366,9 +366,9 @@ def _counting_fingerprints(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     read: list[str] = []
     real = fingerprint.fingerprint_file
 
-    def counting(path: Any) -> dict[str, Any]:
+    def counting(path: Any, *hashed_with: str) -> dict[str, Any]:
         read.append(os.fspath(path))
-        return real(path)
+        return real(path, *hashed_with)
 
     monkeypatch.setattr(fingerprint, "fingerprint_file", counting)
     return read
@@ -417,7 +417,7 @@ def test_rewrite_that_restores_size_and_mtime_is_hashed_and_caught(
     tokens.tofile(shard + ".bin")
     os.utime(shard + ".bin", ns=(status.st_atime_ns, status.st_mtime_ns))
     assert os.stat(shard + ".bin").st_ctime_ns != status.st_ctime_ns
-    with pytest.raises(StaleCacheError, match=rf"{shard}\.bin: sample_sha256 was"):
+    with pytest.raises(StaleCacheError, match=rf"{shard}\.bin: sample_xxh3_128 was"):
         build(shard, config)
 
 
@@ -464,21 +464,40 @@ def _swap_middle_documents(prefix: str, into: str) -> None:
     write_megatron_shard(into, documents)
 
 
+def _as_older_records(cache: Path) -> None:
+    """Rewrite each sidecar of `cache` as tokenmill wrote them before xxh3-128: every data
+    file's record with sha256 hashes (same stat fields; the arrays' records kept)."""
+    for sidecar in cache.glob("*-" + fingerprint.FINGERPRINT_SUFFIX):
+        payload = json.loads(sidecar.read_text())
+        for prefix, files in payload["datasets"].items():
+            for suffix in files:
+                files[suffix] = fingerprint.fingerprint_file(prefix + suffix, "sha256")
+                assert "sample_sha256" in files[suffix]
+                assert ("sha256" in files[suffix]) == (suffix == ".idx")
+        sidecar.write_text(json.dumps(payload))
+
+
+@pytest.mark.parametrize("records", ["xxh3_128", "sha256"])
 @pytest.mark.parametrize("how", ["in_place", "cp_p_and_rename"])
 def test_an_idx_changed_in_the_middle_with_size_and_mtime_restored_is_stale(
-    tmp_path: Path, how: str
+    tmp_path: Path, how: str, records: str
 ) -> None:
     """The whole `.idx` is hashed (the index arrays are computed from it alone), and its ctime
     makes the stat shortcut look again: a same-size change in the middle of the `.idx` with the
     mtime put back is caught, whether rewritten in place or copied with ``cp -p`` and renamed
-    over (main hashed the first and last 4 KiB and served the old arrays)."""
+    over (main hashed the first and last 4 KiB and served the old arrays). Sidecars written
+    before xxh3-128 (sha256 records) are hashed with sha256: a hit while the data is unchanged,
+    stale once it changed."""
     import shutil
 
     rng = np.random.default_rng(21)
     shard = write_megatron_shard(tmp_path / "big", random_documents(rng, 3000, 20))
     assert os.path.getsize(shard + ".idx") > 6 * fingerprint.SAMPLE_BYTES
     config = make_config(tmp_path / "cache", cache_data_check="error")
-    build(shard, config)
+    first = build(shard, config)
+    if records == "sha256":
+        _as_older_records(tmp_path / "cache")
+        assert_same_arrays(build(shard, config), first)  # hashed with sha256: unchanged
     before = {suffix: os.stat(shard + suffix) for suffix in (".bin", ".idx")}
     time.sleep(0.01)  # past the filesystem's timestamp tick
     if how == "in_place":
@@ -494,7 +513,7 @@ def test_an_idx_changed_in_the_middle_with_size_and_mtime_restored_is_stale(
             os.replace(path, shard + suffix)
         now = os.stat(shard + suffix)
         assert (now.st_size, now.st_mtime_ns) == (status.st_size, status.st_mtime_ns)
-    with pytest.raises(StaleCacheError, match=rf"{shard}\.idx: sha256 was"):
+    with pytest.raises(StaleCacheError, match=rf"{shard}\.idx: {records} was"):
         build(shard, config)
 
 
@@ -553,7 +572,7 @@ def test_a_racy_fingerprint_is_resealed_once_its_data_is_past_the_margin(
     _swap_middle_documents(shard, shard)
     for suffix, status in before.items():
         os.utime(shard + suffix, ns=(status.st_atime_ns, status.st_mtime_ns))
-    with pytest.raises(StaleCacheError, match=rf"{shard}\.idx: sha256 was"):
+    with pytest.raises(StaleCacheError, match=rf"{shard}\.idx: xxh3_128 was"):
         build(shard, config)
 
 
@@ -615,3 +634,32 @@ def test_the_fingerprint_of_an_idx_is_of_the_bytes_its_indices_were_built_from(
     GPTDataset(low_level, shard, indices, 300, Split.train, make_config(tmp_path / "cache"))
     with pytest.raises(StaleCacheError, match=rf"{shard}\.idx: "):
         build(shard, make_config(tmp_path / "cache", cache_data_check="error"))
+
+
+def test_a_fingerprint_hashes_with_xxh3_128(tmp_path: Path) -> None:
+    """The sampled and whole hashes of a record are xxh3-128's of those bytes."""
+    import xxhash
+
+    data = bytes(np.random.default_rng(5).integers(0, 256, 3 * fingerprint.SAMPLE_BYTES, np.uint8))
+    for name in ("a.bin", "a.idx"):
+        (tmp_path / name).write_bytes(data)
+        record = fingerprint.fingerprint_file(tmp_path / name)
+        sampled = data[: fingerprint.SAMPLE_BYTES] + data[-fingerprint.SAMPLE_BYTES :]
+        assert record["sample_xxh3_128"] == xxhash.xxh3_128_hexdigest(sampled)
+        assert record.get("xxh3_128") == (
+            xxhash.xxh3_128_hexdigest(data) if name == "a.idx" else None
+        )
+        assert "sample_sha256" not in record and "sha256" not in record
+
+
+def test_records_of_two_hashes_are_a_difference_not_a_match(shard: str) -> None:
+    """A record compared with one of another hash is a change (nothing to compare), and
+    fingerprint_as_recorded hashes as the record did: an older build record matches."""
+    older = fingerprint.fingerprint_prefixes([shard])
+    for suffix in (".bin", ".idx"):
+        older["datasets"][shard][suffix] = fingerprint.fingerprint_file(shard + suffix, "sha256")
+    found = fingerprint.differences(older, fingerprint.fingerprint_prefixes([shard]))
+    assert found == [
+        f"{shard}{suffix}: hashed with sha256, now with xxh3_128" for suffix in (".bin", ".idx")
+    ]
+    assert fingerprint.differences(older, fingerprint.fingerprint_as_recorded([shard], older)) == []

@@ -37,6 +37,7 @@ void register_gather(py::module_& m);     // gather.cpp
 void register_mixture(py::module_& m, py::module_& testing);    // mixture.cpp
 void register_text(py::module_& m);       // text.cpp: text packers of the tokenize pipeline
 void register_io(py::module_& m, py::module_& testing);         // io.cpp: background file writer
+void register_read_ahead(py::module_& m);  // read_ahead.cpp: data files read ahead
 void register_mapped_reads(py::module_& m);  // mapped_reads.cpp: SIGBUS-guarded reads
 void register_runtime_testing(py::module_& testing);  // testing.cpp: thread pool, CPU dispatch
 

@@ -67,5 +67,6 @@ PYBIND11_MODULE(_core, m) {
   register_mixture(m, testing);
   register_text(m);
   register_io(m, testing);
+  register_read_ahead(m);
   register_runtime_testing(testing);
 }

@@ -4,6 +4,7 @@ Checked against the built module by `python -m mypy.stubtest` in .ci/run. Test-o
 live in the `_testing` submodule (_testing.pyi).
 """
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -76,6 +77,32 @@ class ReadOnlyMap:
     def __len__(self) -> int: ...
 
 def map_readonly(descriptor: int, length: int) -> ReadOnlyMap: ...
+
+class OwnedBuffer:
+    """Bytes read ahead (ReadAhead.take), read-only through the buffer protocol, freed when the
+    last view of them is."""
+
+    def __buffer__(self, flags: int, /) -> memoryview: ...
+    def __len__(self) -> int: ...
+
+class ReadAhead:
+    """Data files read ahead of their use on a background thread without the GIL
+    (csrc/read_ahead.hpp)."""
+
+    passed_over: int
+
+    def __init__(
+        self,
+        requests: Sequence[tuple[str, bool, int, int]],
+        max_pending: int,
+        max_pending_bytes: int,
+    ) -> None: ...
+    def take(
+        self, index: int
+    ) -> tuple[int, int, OwnedBuffer | None, int, int, int, int, int] | None: ...
+    @property
+    def read_by_worker(self) -> int: ...
+    def __len__(self) -> int: ...
 
 class FileWriter:
     """Small files created, written, fstat-ed and closed on background threads, and fsyncs."""

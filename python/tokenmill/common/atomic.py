@@ -181,12 +181,14 @@ class AtomicFile:
 _TEMPORARY_NUMBERS = itertools.count()
 
 # The background writers (csrc/file_writer.hpp). "write" creates, writes, fstats and closes
-# files: its jobs take microseconds each, and two threads keep up with a builder on another
-# core. "sync" fsyncs them: its jobs wait on the disk, and many in flight share the disk's
-# journal commits (on the project's 2-core dev VM, ext4: 2,000 small files took 5 s fsynced one
-# after the other and 0.1 s from 16 threads), so a slow fsync never holds up a write. Workers
-# start on demand, only while every started one is busy, and sleep when idle.
-_WRITER_THREADS = {"write": 2, "sync": 16}
+# files: one thread, because a cache's files are created in one directory, whose lock makes a
+# second creating thread wait, or spin on the lock (on a 2-core machine, a 1,000-source cold
+# build ran ~40 ms faster with one: benchmarks/SCALE.md). "sync" fsyncs them: its jobs wait on
+# the disk, and many in flight share the disk's journal commits (on the project's 2-core dev
+# VM, ext4: 2,000 small files took 5 s fsynced one after the other and 0.1 s from 16 threads),
+# so a slow fsync never holds up a write. Workers start on demand, only while every started one
+# is busy, and sleep when idle.
+_WRITER_THREADS = {"write": 1, "sync": 16}
 _WRITERS: dict[str, _core.FileWriter] = {}
 _WRITERS_LOCK = threading.Lock()
 
@@ -536,14 +538,15 @@ def sync_filesystems(
     if not fsync_enabled() or len(pending) < WHOLE_FILESYSTEM_SYNC_FILES:
         return False
     by_directory = {sync.directory: sync for sync in filesystems}
-    needed = {
-        os.path.abspath(name or os.curdir) for name in {os.path.dirname(f.path) for f in pending}
-    }
+    needed = _directories(file.path for file in pending)
     if not needed <= by_directory.keys():
         return False
-    for file in pending:
-        file.close_written()
-    ours = sum(file.status.st_size for file in pending if isinstance(file, WrittenFile))
+    ours = 0
+    for file in pending:  # every file written (and closed) before the syncfs
+        if isinstance(file, WrittenFile):
+            ours += file.finish().st_size
+        else:
+            file.close_written()
     if much_else_dirty(ours):
         return False
     synced_devices: set[int] = set()
@@ -573,15 +576,24 @@ def commit_together(files: Sequence[AtomicFile | WrittenFile], *, synced: bool =
     durable = fsync_enabled()
     if durable and pending and not synced:
         _fsync_all([file.temporary_path for file in pending])
-    directories: set[str] = set()
     for file in pending:
         if not (isinstance(file, WrittenFile) and file._in_place):
             os.replace(file.temporary_path, file.path)
         file._done = True
-        directories.add(os.path.dirname(file.path))
     if durable:
-        for directory in {os.path.abspath(directory or os.curdir) for directory in directories}:
+        for directory in _directories(file.path for file in pending):
             fsync_directory(directory)
+
+
+def _directories(paths: Iterable[str]) -> set[str]:
+    """The absolute directories of `paths` (``os.path.dirname``'s), each made absolute once: a
+    batch commits thousands of files of one directory, and ``dirname`` per file was a fifth of
+    its commit's Python."""
+    if os.altsep:  # two separators (Windows): dirname per path
+        heads = {os.path.dirname(path) + os.sep for path in paths}
+    else:  # each path up to its last separator: dirname of that is dirname of the path
+        heads = {path[: path.rfind(os.sep) + 1] for path in paths}
+    return {os.path.abspath(os.path.dirname(head) or os.curdir) for head in heads}
 
 
 _Writer = TypeVar("_Writer", bound="AtomicWriter")

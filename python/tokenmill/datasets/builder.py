@@ -28,7 +28,9 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from tokenmill.common import distributed
+from tokenmill.common.mapping import READ_BELOW
 from tokenmill.common.megatron_log import log, megatron_logger
+from tokenmill.common.whole_read import reading_ahead
 from tokenmill.datasets.blended import BlendedDataset
 from tokenmill.datasets.config import BlendedMegatronDatasetConfig, GPTDatasetConfig
 from tokenmill.datasets.raw_text import resolve_raw_text
@@ -49,8 +51,13 @@ from tokenmill.index.cache_writes import (
     deferred_commits,
     stop_batch,
 )
+from tokenmill.index.fingerprint import SAMPLE_BYTES
 
 __all__ = ["BlendedMegatronDatasetBuilder"]
+
+# what a read ahead reads: an .idx whole up to the size its reader reads whole (a larger one is
+# mapped), the first and last bytes of a .bin its data fingerprint hashes
+_AHEAD = (READ_BELOW, SAMPLE_BYTES)
 
 logger = logging.getLogger(__name__)
 _MEGATRON_LOG = megatron_logger("blended_megatron_dataset_builder")
@@ -480,8 +487,9 @@ class BlendedMegatronDatasetBuilder:
                         on_cold_cache()
                 return built
 
-            # every entry of the batch committed together: one syncfs, not fsyncs per file
-            with deferred_commits():
+            # every entry of the batch committed together: one syncfs, not fsyncs per file; each
+            # source's small files read on a thread of the core before the builder needs them
+            with deferred_commits(), reading_ahead(self._files_read_ahead(prefixes), *_AHEAD):
                 if threads == 1:  # here, not on a pool thread: no hand-over per source
                     built = after_each(build_one(number) for number in range(len(prefixes)))
                 else:
@@ -507,6 +515,13 @@ class BlendedMegatronDatasetBuilder:
             with trusting_builder(shared.evidence):
                 return build_all(threads)
         return build_all(threads)
+
+    def _files_read_ahead(self, prefixes: Sequence[str | None]) -> list[tuple[str, bool]]:
+        """What the class reads of each prefix (its `_files_read_ahead`), if this rank builds."""
+        hook = getattr(self.cls, "_files_read_ahead", None)
+        if hook is None or (distributed.is_initialized() and not self.is_built_on_rank()):
+            return []
+        return [file for prefix in prefixes if prefix for file in hook(prefix, self.config)]
 
     def _build_megatron_dataset_splits(
         self,

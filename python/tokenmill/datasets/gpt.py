@@ -163,6 +163,17 @@ class GPTDataset(MegatronDataset):
         return int(low_level_dataset.sequence_lengths.shape[0])
 
     @staticmethod
+    def _files_read_ahead(dataset_path: str, config: GPTDatasetConfig) -> list[tuple[str, bool]]:
+        """The `.idx` (read whole by the IndexedDataset when small) and, when the cache checks
+        the data, the `.bin` (its sampled fingerprint on a cold build): local files only."""
+        if config.mock or _is_object_storage_path(dataset_path):
+            return []
+        files = [(dataset_path + ".idx", True)]
+        if config.cache_data_check != "off":  # (the cache is path_to_cache or beside the data)
+            files.append((dataset_path + ".bin", False))
+        return files
+
+    @staticmethod
     def build_low_level_dataset(dataset_path: str, config: GPTDatasetConfig) -> Any:
         """Open the IndexedDataset at `dataset_path` as megatron-core does."""
         from tokenmill.formats.megatron import IndexedDataset

@@ -247,6 +247,13 @@ class MegatronDataset(ABC):
         raise NotImplementedError
 
     @staticmethod
+    def _files_read_ahead(dataset_path: str, config: Any) -> list[tuple[str, bool]]:
+        """tokenmill's hook: the files the builder may read ahead for `dataset_path`, as
+        (path, whole) pairs in the order they are read (common.whole_read.reading_ahead); none
+        by default."""
+        return []
+
+    @staticmethod
     def _key_config_attributes() -> list[str]:
         return ["random_seed", "sequence_length", "split", "split_matrix", "tokenizer"]
 

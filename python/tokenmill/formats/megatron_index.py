@@ -27,7 +27,7 @@ from tokenmill import _core
 from tokenmill.common.atomic import FileStatus
 from tokenmill.common.mapping import READ_BELOW, read_or_map, resource_error
 from tokenmill.common.megatron_log import elapsed, log, megatron_logger
-from tokenmill.common.whole_read import NotARegularFile, read_whole
+from tokenmill.common.whole_read import Contents, NotARegularFile, read_whole
 from tokenmill.errors import DataFormatError
 
 __all__ = [
@@ -251,7 +251,7 @@ class _IndexReader:
     ) -> None:
         self.idx_path = idx_path
         # (status, bytes) of the file when it was read whole by one call (None: mapped)
-        self.whole_read: tuple[FileStatus, bytes] | None = None
+        self.whole_read: tuple[FileStatus, Contents] | None = None
         # megatron-core's lines and timings, made only when its logger keeps them (its default
         # level drops them all: a blend of 1,000 sources made ~8,000 for nothing)
         verbose = _MEGATRON_LOG.isEnabledFor(logging.INFO)
@@ -261,9 +261,10 @@ class _IndexReader:
             # an index of up to READ_BELOW bytes: one call (open, fstat, read, close without the
             # GIL); a larger one is left open by that call, to be mapped; a blend opens one per
             # source
-            data, status = read_whole(idx_path, READ_BELOW, keep_open=True)
+            data, status = read_whole(idx_path, READ_BELOW, keep_open=True, ahead=True)
             size = status.st_size
-            if isinstance(data, bytes) and len(data) == size:
+            # bytes, or the buffer of a read ahead (common.whole_read.reading_ahead)
+            if isinstance(data, (bytes, _core.OwnedBuffer)) and len(data) == size:
                 whole = memoryview(data)
                 self._check_layout(
                     idx_path,

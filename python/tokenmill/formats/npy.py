@@ -107,7 +107,7 @@ def _read_small(
     data, status = read_whole(path, _READ_WHOLE_BELOW, want_status, keep_open=True)
     if isinstance(data, int):
         return data, status
-    if data is None:
+    if not isinstance(data, bytes):  # None: too large (never a read ahead's: not asked for)
         return None
     fast = _fast_header(data)
     if fast is None:

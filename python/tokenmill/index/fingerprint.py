@@ -5,11 +5,11 @@ silently reuses indices built for the old data. tokenmill records what the data 
 cache entry was built, in a sidecar beside the entry, and compares it on every hit. The
 megatron-defined files (description, its md5, the ``.npy`` arrays) stay byte-identical.
 
-A file's fingerprint is its size, its ``st_mtime_ns`` and the sha256 of its first and last
-4 KiB (for an ``.idx`` that covers the header, the dtype, the counts and the first and last
-sequence lengths and document boundaries). Size and mtime catch a rewrite; the sampled hash is a
-backstop for copies that preserve both. Cost: two ``stat`` calls and at most 16 KiB read per
-dataset, independent of its size (16 MB for a blend of 1000 datasets).
+A file's fingerprint is its size, its ``st_mtime_ns`` and the xxh3-128 hash (:data:`HASH`) of
+its first and last 4 KiB; an ``.idx``'s (what the index arrays are computed from) also the hash
+of the whole file. Size and mtime catch a rewrite; the hashes catch copies that preserve both
+(any change to an ``.idx``; a ``.bin`` change at either end). Records written before 2026-11-28
+hold sha256 hashes (``sample_sha256``, ``sha256``): they are checked with sha256.
 
 The sidecar also records each file's ``ctime_ns`` and inode. A later check whose ``stat`` finds
 size, mtime, ctime and inode all unchanged, with the last change over
@@ -21,8 +21,9 @@ The sidecar ``<hash>-<Class>-<split>-data.tokenmill.json`` holds::
 
     {"format": "tokenmill.data-fingerprint", "version": 1,
      "datasets": {"<prefix>": {".bin": {"size": 1234, "mtime_ns": 1700000000000000000,
-                                        "sample_sha256": "9f86..."},
-                               ".idx": {...}}}}
+                                        "sample_xxh3_128": "9f86...", "ctime_ns": ...,
+                                        "inode": ...},
+                               ".idx": {..., "xxh3_128": "6ee2..."}}}}
 
 An entry tokenmill built also records its array files, ``"arrays": {"<name>": {"size": ...,
 "mtime_ns": ..., "inode": ..., "generation": ...}}`` (the inode's generation where the filesystem
@@ -51,9 +52,11 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
+import xxhash
+
 from tokenmill.common.atomic import FileStatus, WrittenFile
 from tokenmill.common.sidecar import check_header
-from tokenmill.common.whole_read import read_whole, refresh_attributes
+from tokenmill.common.whole_read import Contents, read_whole, refresh_attributes, sampled_ahead
 from tokenmill.errors import DataFormatError
 
 __all__ = [
@@ -62,6 +65,7 @@ __all__ = [
     "DATA_SUFFIXES",
     "FINGERPRINT_SUFFIX",
     "FORMAT",
+    "HASH",
     "POLICIES",
     "SAMPLE_BYTES",
     "VERSION",
@@ -69,6 +73,7 @@ __all__ = [
     "Sidecar",
     "array_status",
     "differences",
+    "fingerprint_as_recorded",
     "fingerprint_bytes",
     "fingerprint_file",
     "fingerprint_prefixes",
@@ -97,11 +102,50 @@ POLICIES = ("rebuild", "error", "off")
 * ``"off"``: megatron-core's behaviour: the path-only key, no sidecar read or written.
 """
 
-_FILE_FIELDS = ("size", "mtime_ns", "sample_sha256")
+# The content hash of a file's record: xxh3-128 (the xxhash package, ~50 GB/s; sha256 runs at
+# ~1.7 GB/s even with SHA extensions, and the whole .idx of a source is hashed on every cold
+# build: 23 us of ~500 per source at 1,000 sources). Any accidental change (a rewrite, a copy,
+# a truncation) changes a 128-bit hash but for a 2^-128 chance; it does not stand against
+# someone who can write the data and crafts a collision, nor did the sampled hash of a .bin,
+# which reads 8 KiB of it. Records written before it name sha256 and are checked with sha256.
+HASH = "xxh3_128"
+_HASH_ALGORITHMS = (HASH, "sha256")
+
+
+class _Digest:
+    """A streaming hash by its record name (xxh3_128, or sha256 for older records)."""
+
+    def __init__(self, algorithm: str) -> None:
+        self._hash: Any = xxhash.xxh3_128() if algorithm == HASH else hashlib.sha256()
+
+    def update(self, data: Any) -> _Digest:
+        self._hash.update(data)
+        return self
+
+    def hexdigest(self) -> str:
+        return str(self._hash.hexdigest())
+
+
+def _sample_field(algorithm: str) -> str:
+    return "sample_" + algorithm
+
+
+def record_hash(record: Mapping[str, Any]) -> str | None:
+    """The hash a file's record was made with (the first sample field it has), or None."""
+    for algorithm in _HASH_ALGORITHMS:
+        if _sample_field(algorithm) in record:
+            return algorithm
+    return None
+
+
+_FILE_FIELDS = ("size", "mtime_ns")
 # Recorded beside them (optional): what lets a later check trust a file's stat (`_unchanged`).
 _IDENTITY_FIELDS = ("ctime_ns", "inode")
-# The whole-file hash of an `.idx` (optional: older sidecars lack it; compared when both have it)
-_WHOLE_FIELD = "sha256"
+# An `.idx`'s record also holds the hash of the whole file under the algorithm's own name
+# (optional: older sidecars lack it; compared when both have it)
+_HASH_FIELDS = frozenset(
+    field for algorithm in _HASH_ALGORITHMS for field in (algorithm, _sample_field(algorithm))
+)
 
 
 def _read_at(descriptor: int, size: int, offset: int) -> bytes:
@@ -118,46 +162,54 @@ def _read_at(descriptor: int, size: int, offset: int) -> bytes:
 _WHOLE_CHUNK = 1 << 20
 
 
-def fingerprint_file(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """Size, modification time (ns) and sha256 of the first and last :data:`SAMPLE_BYTES`;
-    for an ``.idx`` (what the index arrays are computed from) also the sha256 of the whole file
-    (``sha256``).
+def fingerprint_file(path: str | os.PathLike[str], algorithm: str = HASH) -> dict[str, Any]:
+    """Size, modification time (ns) and the hash (:data:`HASH`, or `algorithm`: that of an older
+    record compared with) of the first and last :data:`SAMPLE_BYTES`; for an ``.idx`` (what the
+    index arrays are computed from) also the hash of the whole file.
 
     Raises:
         FileNotFoundError: the file does not exist.
     """
+    path = os.fspath(path)
+    whole_file = path.endswith(".idx")
+    if not whole_file:  # read ahead, if the builder did (common.whole_read.reading_ahead)
+        ahead = sampled_ahead(path, SAMPLE_BYTES)
+        if ahead is not None:
+            read_status, head, tail = ahead
+            sample = _Digest(algorithm).update(head).update(tail).hexdigest()
+            return _record(read_status, algorithm, sample, None)
     # descriptor calls, not a Python file object: a cold blend fingerprints 2 files per source
     descriptor = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
     try:
         status = os.fstat(descriptor)
-        digest = hashlib.sha256()
+        digest = _Digest(algorithm)
         digest.update(_read_at(descriptor, min(SAMPLE_BYTES, status.st_size), 0))
         if status.st_size > SAMPLE_BYTES:
             start = max(SAMPLE_BYTES, status.st_size - SAMPLE_BYTES)
             digest.update(_read_at(descriptor, status.st_size - start, start))
-        whole = _whole_sha256(descriptor) if os.fspath(path).endswith(".idx") else None
+        whole = _whole_hash(descriptor, algorithm) if whole_file else None
     finally:
         os.close(descriptor)
-    return _record(status, digest.hexdigest(), whole)
+    return _record(status, algorithm, digest.hexdigest(), whole)
 
 
-def _record(status: Any, sample_sha256: str, whole_sha256: str | None) -> dict[str, Any]:
+def _record(status: Any, algorithm: str, sample: str, whole: str | None) -> dict[str, Any]:
     """A file's fingerprint record (:func:`fingerprint_file`, :func:`fingerprint_read`) from
     its status (``os.stat_result`` or ``FileStatus``) and hashes."""
     found: dict[str, Any] = {
         "size": int(status.st_size),
         "mtime_ns": int(status.st_mtime_ns),
-        "sample_sha256": sample_sha256,
+        _sample_field(algorithm): sample,
         "ctime_ns": int(status.st_ctime_ns),
         "inode": int(status.st_ino),
     }
-    if whole_sha256 is not None:
-        found[_WHOLE_FIELD] = whole_sha256
+    if whole is not None:
+        found[algorithm] = whole
     return found
 
 
 def fingerprint_read(
-    path: str | os.PathLike[str], status: FileStatus, contents: bytes
+    path: str | os.PathLike[str], status: FileStatus, contents: Contents, algorithm: str = HASH
 ) -> dict[str, Any] | None:
     """:func:`fingerprint_file`'s record of a file already read whole, from those bytes and the
     ``fstat`` of the same open (`common.whole_read.read_whole`): the same fields and hashes,
@@ -168,16 +220,18 @@ def fingerprint_read(
     if len(contents) != size:
         return None
     view = memoryview(contents)
-    digest = hashlib.sha256(view[: min(SAMPLE_BYTES, size)])
+    digest = _Digest(algorithm).update(view[: min(SAMPLE_BYTES, size)])
     if size > SAMPLE_BYTES:
         digest.update(view[max(SAMPLE_BYTES, size - SAMPLE_BYTES) :])
-    whole = hashlib.sha256(view).hexdigest() if os.fspath(path).endswith(".idx") else None
-    return _record(status, digest.hexdigest(), whole)
+    whole = None
+    if os.fspath(path).endswith(".idx"):
+        whole = _Digest(algorithm).update(view).hexdigest()
+    return _record(status, algorithm, digest.hexdigest(), whole)
 
 
-def _whole_sha256(descriptor: int) -> str:
-    """The sha256 of everything the descriptor's file holds (hashlib releases the GIL)."""
-    digest = hashlib.sha256()
+def _whole_hash(descriptor: int, algorithm: str) -> str:
+    """The hash of everything the descriptor's file holds."""
+    digest = _Digest(algorithm)
     offset = 0
     while chunk := os.pread(descriptor, _WHOLE_CHUNK, offset):
         digest.update(chunk)
@@ -216,7 +270,7 @@ class FileMemo:
     build (a change is seen by the next build)."""
 
     def __init__(self) -> None:
-        self.fingerprints: dict[str, dict[str, Any]] = {}
+        self.fingerprints: dict[tuple[str, str], dict[str, Any]] = {}  # by (path, hash)
         self.stats: dict[str, os.stat_result] = {}
 
 
@@ -230,21 +284,22 @@ def _stat_once(path: str, memo: FileMemo | None) -> os.stat_result:
     return found
 
 
-WholeReads = Mapping[str, tuple[FileStatus, bytes]]
+WholeReads = Mapping[str, tuple[FileStatus, Contents]]
 """Data files already read whole, by path: the ``fstat`` of that open and the bytes read."""
 
 
 def _fingerprint_once(
-    path: str, memo: FileMemo | None, read: WholeReads | None = None
+    path: str, memo: FileMemo | None, read: WholeReads | None = None, algorithm: str = HASH
 ) -> dict[str, Any]:
-    found = memo.fingerprints.get(path) if memo is not None else None
+    key = (path, algorithm)
+    found = memo.fingerprints.get(key) if memo is not None else None
     if found is None:
         whole = read.get(path) if read else None
-        found = fingerprint_read(path, *whole) if whole is not None else None
+        found = fingerprint_read(path, *whole, algorithm) if whole is not None else None
         if found is None:
-            found = fingerprint_file(path)
+            found = fingerprint_file(path, algorithm)
         if memo is not None:
-            memo.fingerprints[path] = found
+            memo.fingerprints[key] = found
     return dict(found)
 
 
@@ -263,6 +318,12 @@ def fingerprint_prefixes(
         for prefix in prefixes
     }
     return {"format": FORMAT, "version": VERSION, "datasets": datasets}
+
+
+def fingerprint_as_recorded(prefixes: Iterable[str], recorded: Mapping[str, Any]) -> dict[str, Any]:
+    """:func:`fingerprint_prefixes`, each file hashed as its record in `recorded` was (sha256
+    for a record older than xxh3-128), for :func:`differences` with it."""
+    return _current_against(recorded, 0, prefixes, None)[0]  # written at 0: every file hashed
 
 
 def differences(recorded: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:
@@ -284,9 +345,15 @@ def differences(recorded: Mapping[str, Any], current: Mapping[str, Any]) -> list
             if before is None or after is None:
                 found.append(f"{prefix}{suffix}: recorded {before!r}, now {after!r}")
                 continue
-            fields: tuple[str, ...] = _FILE_FIELDS
-            if _WHOLE_FIELD in before and _WHOLE_FIELD in after:
-                fields = (*_FILE_FIELDS, _WHOLE_FIELD)
+            algorithm = record_hash(before)
+            if algorithm is None or algorithm != record_hash(after):
+                found.append(
+                    f"{prefix}{suffix}: hashed with {algorithm}, now with {record_hash(after)}"
+                )
+                continue
+            fields: tuple[str, ...] = (*_FILE_FIELDS, _sample_field(algorithm))
+            if algorithm in before and algorithm in after:
+                fields = (*fields, algorithm)
             for field in fields:
                 if before.get(field) != after.get(field):
                     found.append(
@@ -377,7 +444,9 @@ def _current_against(
             if isinstance(entry, dict) and _unchanged(_stat_once(path, memo), entry, written_ns):
                 files[suffix] = dict(entry)
             else:
-                files[suffix] = _fingerprint_once(path, memo)
+                # hashed as the record was (an older record: sha256), to be compared with it
+                algorithm = (record_hash(entry) if isinstance(entry, dict) else None) or HASH
+                files[suffix] = _fingerprint_once(path, memo, algorithm=algorithm)
                 all_unchanged = False
         datasets[prefix] = files
     return {"format": FORMAT, "version": VERSION, "datasets": datasets}, all_unchanged
@@ -526,8 +595,6 @@ _ABSENT = object()
 _ARRAY_FIELD_SET = frozenset(ARRAY_FIELDS)
 _ARRAY_FIELD_SET_WITH_GENERATION = frozenset((*ARRAY_FIELDS, ARRAY_GENERATION))
 _DATA_SUFFIX_SET = frozenset(DATA_SUFFIXES)
-_ALL_FILE_FIELDS = (*_FILE_FIELDS, *_IDENTITY_FIELDS, _WHOLE_FIELD)
-_OPTIONAL_FILE_FIELDS = (*_IDENTITY_FIELDS, _WHOLE_FIELD)
 
 
 def _check_fields(
@@ -544,7 +611,7 @@ def _check_fields(
         value = entry.get(field, _ABSENT)
         if value is _ABSENT and field in optional:
             continue
-        if field in ("sample_sha256", _WHOLE_FIELD):
+        if field in _HASH_FIELDS:
             if type(value) is str:
                 continue
         elif type(value) is int and value >= 0:
@@ -588,13 +655,20 @@ def _validate(payload: Any, path: str) -> None:
         for suffix, entry in files.items():
             if not isinstance(entry, dict):
                 raise DataFormatError(f"{path}: {prefix}{suffix} must be an object")
+            algorithm = record_hash(entry)
+            if algorithm is None:
+                raise DataFormatError(
+                    f"{path}: {prefix}{suffix} has no sample hash "
+                    f"({' or '.join(_sample_field(name) for name in _HASH_ALGORITHMS)})"
+                )
             # the identity fields and the whole hash are optional (older sidecars)
+            optional = (*_IDENTITY_FIELDS, algorithm)
             _check_fields(
                 entry,
-                _ALL_FILE_FIELDS,
+                (*_FILE_FIELDS, _sample_field(algorithm), *optional),
                 ("{}{}", prefix, suffix),
                 path,
-                optional=_OPTIONAL_FILE_FIELDS,
+                optional=optional,
             )
 
 

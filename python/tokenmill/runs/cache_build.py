@@ -54,7 +54,7 @@ _RECORD_VERSION = 1
 
 def fingerprint_data(prefixes: Sequence[str]) -> dict[str, Any]:
     """The data fingerprint of the run's local datasets (`tokenmill.index.fingerprint`'s scheme,
-    the one each cache entry records beside itself: size, mtime and sampled sha256 per file).
+    the one each cache entry records beside itself: size, times and hashes per file).
     Object-storage prefixes are left out: their reads are pinned to an object version by ETag.
 
     Raises:
@@ -62,7 +62,11 @@ def fingerprint_data(prefixes: Sequence[str]) -> dict[str, Any]:
     """
     from tokenmill.index.fingerprint import fingerprint_prefixes
 
-    return fingerprint_prefixes(p for p in prefixes if not p.startswith(("s3://", "msc://")))
+    return fingerprint_prefixes(_local(prefixes))
+
+
+def _local(prefixes: Sequence[str]) -> list[str]:
+    return [prefix for prefix in prefixes if not prefix.startswith(("s3://", "msc://"))]
 
 
 @dataclass(frozen=True)
@@ -313,10 +317,10 @@ def _read_record(path: str) -> dict[str, Any]:
 
 
 def _data_changes(run: RunConfig, recorded: dict[str, Any], record: str) -> list[str]:
-    from tokenmill.index.fingerprint import differences
+    from tokenmill.index.fingerprint import differences, fingerprint_as_recorded
 
     try:
-        current = fingerprint_data(run.prefixes())
+        current = fingerprint_as_recorded(_local(run.prefixes()), recorded.get("data", {}))
     except FileNotFoundError as error:
         return [f"{error.filename}: data file missing"]
     return [
