@@ -90,7 +90,7 @@ void register_read_ahead(py::module_& m) {
                           "protocol, freed when the last view of them is.")
       .def_buffer(&OwnedBuffer::buffer)
       .def("__len__", &OwnedBuffer::size);
-  auto read_ahead = py::class_<PyReadAhead>(m, "ReadAhead",
+  py::class_<PyReadAhead>(m, "ReadAhead",
                           "Data files read ahead of their use on a background thread without "
                           "the GIL (csrc/read_ahead.hpp).")
       .def(py::init<const std::vector<std::tuple<std::string, bool, uint64_t, uint64_t>>&, size_t,
@@ -108,7 +108,6 @@ void register_read_ahead(py::module_& m) {
       .def_property_readonly("read_by_worker", &PyReadAhead::read_by_worker,
                              "How many results the worker has read (diagnostics, tests).")
       .def("__len__", &PyReadAhead::size);
-  read_ahead.attr("passed_over") = ReadAhead::kPassedOver;
 }
 
 }  // namespace tokenmill::bindings

@@ -89,8 +89,6 @@ class ReadAhead:
     """Data files read ahead of their use on a background thread without the GIL
     (csrc/read_ahead.hpp)."""
 
-    passed_over: int
-
     def __init__(
         self,
         requests: Sequence[tuple[str, bool, int, int]],
