@@ -242,3 +242,19 @@ def test_only_a_reader_that_asks_takes_a_read_ahead(tmp_path: Path) -> None:
         taken, _ = read_whole(str(path), LIMIT, ahead=True)
     assert isinstance(plain, bytes) and plain == data
     assert isinstance(taken, _core.OwnedBuffer) and bytes(memoryview(taken)) == data
+
+
+def test_a_rank_that_trusts_the_builders_reads_no_bin_ahead(tmp_path: Path) -> None:
+    """A rank that does not build trusts the builders' check of the data: it fingerprints no
+    .bin, so none is read ahead for it (five system calls per source for nothing)."""
+    from rank_jobs import _config
+    from tokenmill.index.cache import encode_evidence, trusting_builder
+
+    prefix = str(tmp_path / "shard")
+    config = _config([prefix] * 3, str(tmp_path / "cache"), 1, "global")  # its 3 weights
+    assert GPTDataset._files_read_ahead(prefix, config) == [
+        (prefix + ".idx", True),
+        (prefix + ".bin", False),
+    ]
+    with trusting_builder(encode_evidence({})):
+        assert GPTDataset._files_read_ahead(prefix, config) == [(prefix + ".idx", True)]

@@ -164,12 +164,14 @@ class GPTDataset(MegatronDataset):
 
     @staticmethod
     def _files_read_ahead(dataset_path: str, config: GPTDatasetConfig) -> list[tuple[str, bool]]:
-        """The `.idx` (read whole by the IndexedDataset when small) and, when the cache checks
-        the data, the `.bin` (its sampled fingerprint on a cold build): local files only."""
+        """The `.idx` (read whole by the IndexedDataset when small) and, when this rank checks
+        the data behind the cache, the `.bin` (its sampled fingerprint on a cold build; a rank
+        that trusts the builders' check reads none): local files only."""
         if config.mock or _is_object_storage_path(dataset_path):
             return []
         files = [(dataset_path + ".idx", True)]
-        if config.cache_data_check != "off":  # (the cache is path_to_cache or beside the data)
+        # (the cache is path_to_cache, or beside the data: checked whenever the policy says so)
+        if config.cache_data_check != "off" and not builders_verified():
             files.append((dataset_path + ".bin", False))
         return files
 
