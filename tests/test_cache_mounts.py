@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,29 +28,12 @@ from pathlib import Path
 import pytest
 
 from rank_jobs import build_datasets, committed_files, samples_digest, write_shards
+from test_two_hosts import _mounted, fuse_unavailable
 
 pytestmark = pytest.mark.filterwarnings("ignore::tokenmill.errors.PerformanceWarning")
 
 # how long each mount's kernel keeps a name and its attributes without asking bindfs again
 CACHE_SECONDS = 60
-
-
-def _missing_environment() -> str | None:
-    """Why two FUSE mounts cannot be made here (None: they can)."""
-    if os.geteuid() != 0:
-        return "needs root (FUSE mounts)"
-    if shutil.which("bindfs") is None:
-        return "bindfs is not installed (apt-get install bindfs)"
-    try:
-        os.close(os.open("/dev/fuse", os.O_RDWR))
-    except OSError as error:
-        return f"/dev/fuse is not usable: {error}"
-    return None
-
-
-def _mounted(path: Path) -> bool:
-    with open("/proc/self/mountinfo") as mounts:
-        return any(line.split()[4] == os.fspath(path) for line in mounts)
 
 
 @contextlib.contextmanager
@@ -86,7 +68,7 @@ def test_a_host_takes_an_entry_committed_over_the_empty_files_its_killed_builder
     """`created`: which of its entries' files host b's killed builder had created under their
     final names (the arrays of the entries it handed to its writer; the data-fingerprint
     sidecar of an entry sealed SEAL_LAG entries later)."""
-    missing = _missing_environment()
+    missing = fuse_unavailable()
     if missing is not None:
         if os.environ.get("TOKENMILL_REQUIRE_TWO_HOSTS") == "1":
             pytest.fail(f"TOKENMILL_REQUIRE_TWO_HOSTS=1, but {missing}")

@@ -77,18 +77,28 @@ ANSWER = "@two-hosts-agent@ "  # marks the agent's answer lines among anything e
 SIDECAR_SUFFIX = "-data.tokenmill.json"  # records inodes and mtimes: differs between builds
 
 
-def _missing_environment() -> str | None:
-    """Why two hosts cannot be made on this machine (None: they can)."""
+def fuse_unavailable() -> str | None:
+    """Why a bindfs (FUSE) mount cannot be made here (None: it can); root is checked first."""
     if os.geteuid() != 0:
-        return "needs root (UTS and PID namespaces, FUSE mounts)"
-    if shutil.which("unshare") is None:
-        return "unshare (util-linux) is not installed"
+        return "needs root (FUSE mounts)"
     if shutil.which("bindfs") is None:
         return "bindfs is not installed (apt-get install bindfs)"
     try:
         os.close(os.open("/dev/fuse", os.O_RDWR))
     except OSError as error:
         return f"/dev/fuse is not usable: {error}"
+    return None
+
+
+def _missing_environment() -> str | None:
+    """Why two hosts cannot be made on this machine (None: they can)."""
+    if os.geteuid() != 0:
+        return "needs root (UTS and PID namespaces, FUSE mounts)"
+    if shutil.which("unshare") is None:
+        return "unshare (util-linux) is not installed"
+    missing = fuse_unavailable()
+    if missing is not None:
+        return missing
     probe = subprocess.run(
         [*HOST_NAMESPACES, "hostname", "tokenmill-probe"],
         capture_output=True,

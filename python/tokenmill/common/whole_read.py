@@ -101,17 +101,20 @@ def reading_ahead(requests: Sequence[tuple[str, bool]], limit: int, sample: int)
         ahead.close()
 
 
-def _taken_whole(path: str, limit: int) -> tuple[Contents, FileStatus] | None:
+def _taken(path: str, whole: bool, setting: int) -> tuple[Any, int, FileStatus] | None:
+    """(contents, head, status) of `path` read ahead whole (`setting`: the size limit it was read
+    with) or sampled (`setting`: the sample size), or None: not read ahead so, taken already,
+    failed (read it again to raise) or, whole, over the limit (the caller maps it)."""
     ahead = _AHEAD.get()
-    if ahead is None or limit != ahead.limit:
+    if ahead is None or setting != (ahead.limit if whole else ahead.sample):
         return None
-    found = ahead.take(ahead.whole, path)
+    found = ahead.take(ahead.whole if whole else ahead.sampled, path)
     if found is None:
         return None
-    error, _, data, _, size, inode, mtime_ns, ctime_ns = found
-    if error or data is None:  # failed (read again to raise), or over the limit (mapped)
+    error, _, data, head, size, inode, mtime_ns, ctime_ns = found
+    if error or data is None:
         return None
-    return data, FileStatus(size, inode, mtime_ns, ctime_ns, -1)
+    return data, head, FileStatus(size, inode, mtime_ns, ctime_ns, -1)
 
 
 def sampled_ahead(path: str, sample: int) -> tuple[FileStatus, memoryview, memoryview] | None:
@@ -119,16 +122,10 @@ def sampled_ahead(path: str, sample: int) -> tuple[FileStatus, memoryview, memor
     first `sample` bytes and the last `sample` after them (read-only views), with the ``fstat``
     of that open (the generation is not asked for: -1). None when it was not read ahead (not
     named, taken already, another sample size, or its read failed: read it again to see why)."""
-    ahead = _AHEAD.get()
-    if ahead is None or sample != ahead.sample:
+    taken = _taken(path, False, sample)
+    if taken is None:
         return None
-    found = ahead.take(ahead.sampled, path)
-    if found is None:
-        return None
-    error, _, data, head, size, inode, mtime_ns, ctime_ns = found
-    if error or data is None:
-        return None
-    status = FileStatus(size, inode, mtime_ns, ctime_ns, -1)
+    data, head, status = taken
     view = memoryview(data)
     return status, view[:head], view[head:]
 
@@ -158,9 +155,9 @@ def read_whole(
             cache file is expected, is opened without blocking and refused).
     """
     if ahead and not want_generation:
-        taken = _taken_whole(path, limit)
+        taken = _taken(path, True, limit)
         if taken is not None:
-            return taken
+            return taken[0], taken[2]
     error, step, data, size, inode, mtime_ns, ctime_ns, generation = _core.read_small_file(
         path, limit, want_generation, keep_open
     )
